@@ -1,0 +1,370 @@
+"""The LongContextDeployment API (longctx.dev/v1alpha1): the single source of truth.
+
+`crds/` and the chart's CRD are generated from these classes
+(`longctx crd`), and the operator, planner and engine recipes read specs
+through `load_spec`, so defaults and field names cannot drift between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .schema import APIObject, Preserved, Quantity, Rule, api_field, dump, load
+
+GROUP = "longctx.dev"
+VERSION = "v1alpha1"
+KIND = "LongContextDeployment"
+PLURAL = "longcontextdeployments"
+SINGULAR = "longcontextdeployment"
+SHORT_NAMES = ("lcd",)
+
+# A StatefulSet's controller-revision-hash label is "<sts-name>-<hash of up to 10>"
+# and must fit in 63 characters; the longest child StatefulSet is "<name>-prefill".
+MAX_NAME_LENGTH = 63 - len("-prefill") - 11
+
+PRESET_NAMES = ("glm-5.3", "deepseek-v3.2")
+
+
+def power_of_two(field: str) -> Rule:
+    """CEL rule: the integer field is 1, 2, 4, ... 64 (GPU counts of one node group)."""
+    return Rule(f"self.{field} in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]",
+                f"{field} must be a power of two (1, 2, 4, ... 512)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture(APIObject):
+    """Model architecture numbers the capacity planner needs (a preset is the same object, named)."""
+
+    layers: int = api_field("Attention (MLA) layers of the main model.", minimum=1)
+    mtpLayers: int = api_field("MTP draft layers; each carries MLA KV and indexer keys.", 0, minimum=0)
+    attentionHeads: int = api_field("Query heads per attention layer.", minimum=1)
+    kvLoraRank: int = api_field("MLA latent (compressed KV) dimension, e.g. 512.", minimum=1)
+    qkRopeHeadDim: int = api_field("Decoupled RoPE key dimension, e.g. 64.", minimum=0)
+    indexLayers: int = api_field("Layers with a sparse-attention indexer (DSA); 0 for dense MLA.", 0,
+                                 minimum=0)
+    indexHeads: int = api_field("Indexer query heads.", 0, minimum=0)
+    indexHeadDim: int = api_field("Indexer key dimension.", 0, minimum=0)
+    indexTopK: int = api_field("Keys each query attends to under sparse attention (top-k).", 0,
+                               minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecretKeyRef(APIObject):
+    """A key of a Secret in the CR's namespace."""
+
+    name: str = api_field("Secret name.", max_length=253)
+    key: str = api_field("Key inside the Secret.", "HF_TOKEN")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PVCSource(APIObject):
+    """Weights on a PersistentVolumeClaim (read-only)."""
+
+    claimName: str = api_field("PersistentVolumeClaim name in the CR's namespace.", max_length=253)
+    subPath: str = api_field("Directory inside the claim that holds the model.", "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HuggingFaceSource(APIObject):
+    """Weights downloaded from Hugging Face at start-up."""
+
+    tokenSecretRef: Optional[SecretKeyRef] = api_field(
+        "Secret key with the Hugging Face token (for gated models).", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource(APIObject):
+    """Where the engine finds the weights: exactly one of pvc and huggingFace."""
+
+    CEL = (Rule("has(self.pvc) != has(self.huggingFace)",
+                "set exactly one of spec.model.source.pvc and spec.model.source.huggingFace"),)
+    pvc: Optional[PVCSource] = api_field("Weights on a PVC mounted read-only at /models.", None)
+    huggingFace: Optional[HuggingFaceSource] = api_field("Weights fetched from Hugging Face.", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model(APIObject):
+    """The model served, identical on prefill and decode."""
+
+    CEL = (Rule("has(self.preset) != has(self.architecture)",
+                "set exactly one of spec.model.preset (glm-5.3, deepseek-v3.2) and "
+                "spec.model.architecture"),)
+    name: str = api_field(
+        "The --model string (repo id or path). Prefill and decode use it verbatim.",
+        max_length=253,
+        immutable="the NIXL handshake hashes it; a change would pair prefill and decode pods "
+                  "serving different models. Create a new LongContextDeployment instead.")
+    servedName: Optional[str] = api_field("Name clients use (--served-model-name).", None,
+                                          max_length=253)
+    preset: Optional[str] = api_field("A known architecture.", None, enum=PRESET_NAMES)
+    architecture: Optional[Architecture] = api_field("Explicit architecture numbers.", None)
+    source: ModelSource = api_field("Where the weights come from.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speculative(APIObject):
+    """Speculative decoding; prefill runs it too because NIXL compares it."""
+
+    CEL = (Rule("self.method == 'none' || self.draftTokens >= 1",
+                "speculative.draftTokens must be at least 1 when method is mtp"),)
+    method: str = api_field("mtp (multi-token prediction) or none.", "mtp", enum=("mtp", "none"),
+                            immutable="the NIXL handshake compares it between prefill and decode.")
+    draftTokens: int = api_field("Draft tokens per step (num_speculative_tokens).", 3,
+                                 minimum=0, maximum=8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtraArgs(APIObject):
+    """Extra `vllm serve` arguments, appended last. Flags the recipe manages are refused."""
+
+    prefill: list[str] = api_field("Extra arguments for prefill engines.", [], max_items=64)
+    decode: list[str] = api_field("Extra arguments for decode engines.", [], max_items=64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine(APIObject):
+    """The vLLM engine image and settings shared by both roles."""
+
+    image: str = api_field("Engine image (vLLM 0.33.0 plus longctx's engine and kernels).",
+                           "ghcr.io/longctx/engine:0.1.0")
+    vllmVersion: str = api_field("vLLM version inside the image; must match across roles.",
+                                 "0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+    kvCacheDtype: str = api_field(
+        "KV cache dtype. fp8 is canonicalised by vLLM to fp8_ds_mla for sparse MLA.", "fp8",
+        enum=("fp8", "fp8_ds_mla", "auto"),
+        immutable="prefill and decode must agree for the NIXL handshake; a rolling change "
+                  "would pair old and new pods. Create a new LongContextDeployment instead.")
+    speculative: Speculative = api_field("Speculative decoding.", Speculative())
+    extraArgs: ExtraArgs = api_field("Extra engine arguments per role.", ExtraArgs())
+    engineReadyTimeoutSeconds: int = api_field(
+        "VLLM_ENGINE_READY_TIMEOUT_S and the startup probe budget: loading a GLM-5-class "
+        "model takes tens of minutes.", 3600, minimum=60)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextParallel(APIObject):
+    """Context parallelism: PCP splits the prompt's tokens, DCP shards the KV cache by token."""
+
+    CEL = (
+        power_of_two("prefill"), power_of_two("decode"),
+        Rule("self.prefill == 1 || self.decode == 1 || self.commBackend == 'ag_rs'",
+             "commBackend must be ag_rs when both prefill and decode context parallelism "
+             "are above 1 (vLLM's Model Runner V2 rejects a2a with PCP and DCP)"),
+        Rule("self.prefill == 1 || self.decode == 1 || self.decode == self.prefill",
+             "decode context parallelism must equal prefill context parallelism when both are "
+             "above 1 (NIXL re-assembles the KV shards one-to-one)"),
+    )
+    prefill: int = api_field("Prefill context parallelism (PCP, --prefill-context-parallel-size).",
+                             1, minimum=1, maximum=64)
+    decode: int = api_field("Decode context parallelism (DCP, --decode-context-parallel-size).", 1,
+                            minimum=1, maximum=64)
+    commBackend: str = api_field("DCP communication backend (--dcp-comm-backend).", "ag_rs",
+                                 enum=("ag_rs", "a2a"))
+
+
+_RANK_GPUS = "(self.tensorParallel * self.pipelineParallel * self.contextParallel.prefill)"
+
+
+def _role_rules(role: str) -> tuple[Rule, ...]:
+    return (
+        power_of_two("gpusPerPod"), power_of_two("dataParallel"),
+        power_of_two("tensorParallel"),
+        Rule(f"self.gpusPerPod % {_RANK_GPUS} == 0",
+             f"spec.{role}: the GPUs of one engine rank (tensorParallel x pipelineParallel x "
+             "contextParallel.prefill) must divide gpusPerPod"),
+        Rule(f"self.dataParallel % (self.gpusPerPod / {_RANK_GPUS}) == 0",
+             f"spec.{role}.dataParallel must be a multiple of the ranks one pod holds "
+             "(gpusPerPod / (tensorParallel x pipelineParallel x contextParallel.prefill)), "
+             "so that every GPU of every pod serves"),
+        Rule("self.contextParallel.decode <= self.tensorParallel * self.contextParallel.prefill",
+             f"spec.{role}.contextParallel.decode must not exceed tensorParallel x "
+             "contextParallel.prefill (vLLM shards the KV across those ranks)"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HiSparse(APIObject):
+    """Hybrid HiSparse: KV resident in pinned host memory, a GPU hot buffer of top-k rows."""
+
+    enabled: bool = api_field("Use HiSparse on decode. false gives the offload-only baseline.", True)
+    hostPoolPerRank: Quantity = api_field("Pinned host KV pool per data-parallel rank "
+                                          "(host_pool_gib).", Quantity("48Gi"))
+    deviceBufferSize: Optional[int] = api_field(
+        "GPU hot-buffer rows per request (hisparse_config.device_buffer_size); vLLM infers it "
+        "when unset.", None, minimum=1)
+
+
+_COMMON_ROLE_DOCS = {
+    "replicas": "Pods (one per node). Each pod takes gpusPerPod GPUs.",
+    "gpusPerPod": "GPUs per pod (nvidia.com/gpu).",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prefill(APIObject):
+    """The prefill role: long prompts, KV produced for decode over NIXL."""
+
+    CEL = _role_rules("prefill")
+    replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
+    gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
+    tensorParallel: int = api_field("Tensor parallelism. Must be 1 with context parallelism.", 1,
+                                    minimum=1, rules=(Rule("self == 1", "spec.prefill.tensorParallel "
+                                                           "must be 1: context parallelism replaces "
+                                                           "it for long prompts"),))
+    pipelineParallel: int = api_field("Pipeline parallelism.", 1, minimum=1, maximum=8)
+    dataParallel: int = api_field("Data-parallel ranks (the DP8 baseline sets 8 and PCP 1).", 1,
+                                  minimum=1, maximum=512)
+    contextParallel: ContextParallel = api_field(
+        "Context parallelism.", ContextParallel(prefill=8, decode=8, commBackend="ag_rs"))
+    expertParallel: bool = api_field("Expert parallelism for MoE layers.", True)
+    cpuOffloadPerRank: Quantity = api_field(
+        "CPU KV offload per engine rank for prefix reuse (OffloadingConnector cpu_bytes_to_use); "
+        "backed by /dev/shm. 0 disables.", Quantity("512Gi"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decode(APIObject):
+    """The decode role: data-parallel ranks that receive KV over NIXL and stream tokens."""
+
+    CEL = _role_rules("decode") + (
+        Rule("!self.hiSparse.enabled || self.contextParallel.decode == 1",
+             "HiSparse cannot run with decode context parallelism: set "
+             "spec.decode.contextParallel.decode to 1 or spec.decode.hiSparse.enabled to false"),
+        Rule("!self.hiSparse.enabled || self.pipelineParallel == 1",
+             "HiSparse cannot run with pipeline parallelism: set spec.decode.pipelineParallel "
+             "to 1 or spec.decode.hiSparse.enabled to false"),
+    )
+    replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
+    gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
+    tensorParallel: int = api_field("Tensor parallelism per data-parallel rank.", 1, minimum=1)
+    pipelineParallel: int = api_field("Pipeline parallelism.", 1, minimum=1, maximum=8)
+    dataParallel: int = api_field(
+        "Data-parallel ranks of one engine group; a group larger than gpusPerPod spans several "
+        "pods (start rank from the pod ordinal).", 8, minimum=1, maximum=512)
+    contextParallel: ContextParallel = api_field("Context parallelism (DCP only on decode).",
+                                                 ContextParallel())
+    expertParallel: bool = api_field("Expert parallelism for MoE layers.", True)
+    hiSparse: HiSparse = api_field("Hybrid HiSparse.", HiSparse())
+    cpuOffloadPerRank: Quantity = api_field(
+        "CPU KV offload per data-parallel rank (OffloadingConnector cpu_bytes_to_use).",
+        Quantity("16Gi"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixCache(APIObject):
+    """Approximate prefix-cache routing in the endpoint picker."""
+
+    blockSize: int = api_field("Tokens per hashed prefix block.", 64, minimum=1)
+    maxPrefixTokensToMatch: int = api_field(
+        "Longest prefix the picker hashes; agentic contexts are long.", 131072, minimum=1)
+    lruCapacityPerServer: int = api_field("Prefix blocks the picker remembers per server.", 31250,
+                                          minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disaggregation(APIObject):
+    """When a request goes through prefill before decode."""
+
+    decider: str = api_field("always: every request is prefilled remotely; prefix-based: only "
+                             "when enough tokens are not cached on the decode pod.", "always",
+                             enum=("always", "prefix-based"))
+    nonCachedTokens: int = api_field("prefix-based: prefill remotely above this many uncached "
+                                     "tokens.", 16, minimum=0)
+    promptTokens: int = api_field("prefix-based: only prompts at least this long (0: any).", 0,
+                                  minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayRef(APIObject):
+    """A Gateway API Gateway to attach an HTTPRoute to."""
+
+    name: str = api_field("Gateway name.")
+    namespace: Optional[str] = api_field("Gateway namespace (default: the CR's).", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Router(APIObject):
+    """The llm-d prefix-aware router: InferencePool, endpoint picker, decode routing sidecar."""
+
+    enabled: bool = api_field("Deploy the router objects.", True)
+    pickerImage: str = api_field("Endpoint picker image.",
+                                 "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0")
+    sidecarImage: str = api_field("Decode routing sidecar image.",
+                                  "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0")
+    prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
+    disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
+    gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RDMA(APIObject):
+    """An RDMA device resource requested by every engine pod."""
+
+    resource: str = api_field("Extended resource name.", "rdma/ib")
+    count: int = api_field("Devices per pod.", 1, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVTransfer(APIObject):
+    """NIXL KV transfer from prefill to decode."""
+
+    backend: str = api_field("NIXL backend.", "UCX", enum=("UCX", "LIBFABRIC"))
+    sideChannelPort: int = api_field("Base NIXL side-channel port; rank i listens on base+i.", 5600,
+                                     minimum=1024, maximum=65000)
+    rdma: Optional[RDMA] = api_field("RDMA resource; unset means TCP (slow, for tests).", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement(APIObject):
+    """Where engine pods run."""
+
+    gpuProduct: str = api_field("Required value of the node label nvidia.com/gpu.product.",
+                                "NVIDIA-H200")
+    nodeSelector: dict[str, str] = api_field("Extra node labels to require.", {})
+    tolerations: list[Preserved] = api_field("Tolerations (core/v1 Toleration).", [])
+    priorityClassName: Optional[str] = api_field("Pod priority class.", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Monitoring(APIObject):
+    """Prometheus scraping."""
+
+    podMonitor: bool = api_field("Create PodMonitors when the monitoring.coreos.com CRD exists.",
+                                 True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capacity(APIObject):
+    """Inputs of the capacity planner."""
+
+    kvBudgetPerGpu: Optional[Quantity] = api_field(
+        "KV memory left per GPU after weights and activations; overrides the planner's "
+        "estimate.", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongContextDeploymentSpec(APIObject):
+    """A prefill/decode-disaggregated, long-context vLLM deployment on H200 nodes."""
+
+    model: Model = api_field("The model.")
+    maxContextTokens: int = api_field("Longest context (prompt + output) served: --max-model-len. "
+                                      "The planner proves the layout holds it.", minimum=1,
+                                      maximum=16777216)
+    engine: Engine = api_field("Engine settings shared by both roles.", Engine())
+    prefill: Prefill = api_field("The prefill role.", Prefill())
+    decode: Decode = api_field("The decode role.", Decode())
+    router: Router = api_field("The llm-d router.", Router())
+    kvTransfer: KVTransfer = api_field("NIXL KV transfer.", KVTransfer())
+    placement: Placement = api_field("Placement of engine pods.", Placement())
+    monitoring: Monitoring = api_field("Monitoring.", Monitoring())
+    capacity: Capacity = api_field("Capacity planner inputs.", Capacity())
+
+
+def load_spec(spec: dict[str, Any] | None) -> LongContextDeploymentSpec:
+    """Typed spec from a manifest's `spec`, with the CRD's defaults; raises SpecError."""
+    return load(LongContextDeploymentSpec, spec or {}, "spec")
+
+
+def dump_spec(spec: LongContextDeploymentSpec) -> dict[str, Any]:
+    return dump(spec)

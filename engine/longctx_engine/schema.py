@@ -1,0 +1,233 @@
+"""Typed API objects that are their own OpenAPI schema.
+
+An API object is a frozen dataclass whose fields are declared with `api_field`.
+From that one declaration come: the CRD's structural schema (types, defaults,
+bounds, descriptions for `kubectl explain`, CEL rules), and `load`, which turns
+a manifest's dict into typed objects with the same defaults the API server
+applies. Field names are the API's camelCase names, so there is no mapping layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar
+
+from .quantity import PATTERN as QUANTITY_PATTERN
+
+_MISSING = dataclasses.MISSING
+
+
+class Quantity(str):
+    """A byte size written as a Kubernetes quantity ("48Gi") or an integer."""
+
+
+class Preserved(dict):
+    """A free-form object kept as is (e.g. a Kubernetes toleration)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A CEL validation rule with the message the user sees when it fails."""
+
+    rule: str
+    message: str
+    transition: bool = False  # reads oldSelf: checked on update only
+
+
+def api_field(doc: str, default: Any = _MISSING, *, minimum: int | None = None,
+              maximum: int | None = None, enum: tuple[str, ...] | None = None,
+              pattern: str | None = None, max_length: int | None = None,
+              max_items: int | None = None, immutable: str | None = None,
+              rules: tuple[Rule, ...] = ()) -> Any:
+    """Declares one API field. `immutable` is the reason shown when it is changed."""
+    meta = dict(doc=doc, minimum=minimum, maximum=maximum, enum=enum, pattern=pattern,
+                max_length=max_length, max_items=max_items, immutable=immutable, rules=rules)
+    if default is _MISSING:
+        return dataclasses.field(metadata=meta)
+    if dataclasses.is_dataclass(default) or isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: _copy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value  # frozen dataclass instances are shared safely
+
+
+class APIObject:
+    """Base for API dataclasses: class docstring = description, CEL = object rules."""
+
+    CEL: ClassVar[tuple[Rule, ...]] = ()
+
+
+# ---------------------------------------------------------------- schema
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _type_schema(tp: Any) -> dict[str, Any]:
+    tp, _ = _unwrap_optional(tp)
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer", "format": "int64"}
+    if tp is Quantity:
+        return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN,
+                "anyOf": [{"type": "integer"}, {"type": "string"}]}
+    if tp is str:
+        return {"type": "string"}
+    if tp is Preserved:
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return {"type": "array", "items": _type_schema(item)}
+    if origin is dict:
+        _, value = typing.get_args(tp)
+        return {"type": "object", "additionalProperties": _type_schema(value)}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return object_schema(tp)
+    raise TypeError(f"unsupported API type {tp!r}")
+
+
+def _default_json(value: Any) -> Any:
+    """A field default as JSON. For a nested object only what differs from the nested
+    schema's own defaults is written; the API server fills in the rest."""
+    if dataclasses.is_dataclass(value):
+        out = {}
+        for f in dataclasses.fields(value):
+            own = f.default if f.default is not _MISSING else (
+                f.default_factory() if f.default_factory is not _MISSING else _MISSING)  # type: ignore[misc]
+            current = getattr(value, f.name)
+            if current != own:
+                out[f.name] = _default_json(current)
+        return out
+    if isinstance(value, Quantity):
+        return str(value)
+    if isinstance(value, list):
+        return [_default_json(v) for v in value]
+    return value
+
+
+def object_schema(cls: type) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of an API dataclass."""
+    hints = typing.get_type_hints(cls)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    cel: list[dict[str, Any]] = [{"rule": r.rule, "message": r.message} for r in cls.CEL]
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        schema = dict(_type_schema(hints[f.name]))
+        doc = meta["doc"]
+        if meta["immutable"]:
+            doc += f" Immutable: {meta['immutable']}"
+            schema.setdefault("x-kubernetes-validations", []).append(
+                {"rule": "self == oldSelf",
+                 "message": f"{f.name} is immutable: {meta['immutable']}"})
+        schema["description"] = doc
+        for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("enum", "enum"),
+                          ("pattern", "pattern"), ("max_length", "maxLength"),
+                          ("max_items", "maxItems")):
+            if meta[key] is not None:
+                schema[name] = list(meta[key]) if key == "enum" else meta[key]
+        for r in meta["rules"]:
+            schema.setdefault("x-kubernetes-validations", []).append(
+                {"rule": r.rule, "message": r.message})
+        if f.default is not _MISSING and f.default is not None:
+            schema["default"] = _default_json(f.default)
+        elif f.default_factory is not _MISSING:  # type: ignore[misc]
+            schema["default"] = _default_json(f.default_factory())  # type: ignore[misc]
+        elif f.default is _MISSING:
+            required.append(f.name)
+        props[f.name] = schema
+    out: dict[str, Any] = {"type": "object", "description": (cls.__doc__ or "").strip(),
+                           "properties": props}
+    if required:
+        out["required"] = required
+    if cel:
+        out["x-kubernetes-validations"] = cel
+    return out
+
+
+# ---------------------------------------------------------------- loading
+
+
+class SpecError(ValueError):
+    """A manifest that does not fit the API; the message names the field."""
+
+
+def load(cls: type, data: Any, path: str = "spec") -> Any:
+    """Builds typed API objects from a manifest dict, applying schema defaults."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"{path}: unknown field(s) {', '.join(unknown)}; "
+                        f"known fields are {', '.join(sorted(names))}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        sub = f"{path}.{f.name}"
+        if f.name in data and data[f.name] is not None:
+            kwargs[f.name] = _load_value(hints[f.name], data[f.name], sub)
+        elif f.default is _MISSING and f.default_factory is _MISSING:  # type: ignore[misc]
+            raise SpecError(f"{sub} is required")
+    return cls(**kwargs)
+
+
+def _load_value(tp: Any, value: Any, path: str) -> Any:
+    tp, _ = _unwrap_optional(tp)
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is Quantity:
+        return Quantity(str(value))
+    if tp is str:
+        return str(value)
+    if tp is Preserved:
+        return Preserved(value)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise SpecError(f"{path}: expected a list, got {value!r}")
+        return [_load_value(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise SpecError(f"{path}: expected a map, got {value!r}")
+        return {str(k): _load_value(item, v, f"{path}.{k}") for k, v in value.items()}
+    return load(tp, value, path)
+
+
+def dump(obj: Any) -> Any:
+    """The manifest form of typed API objects (defaults included)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if getattr(obj, f.name) is not None}
+    if isinstance(obj, list):
+        return [dump(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: dump(v) for k, v in obj.items()}
+    if isinstance(obj, Quantity):
+        return str(obj)
+    return obj
