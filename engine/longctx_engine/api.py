@@ -47,6 +47,10 @@ class Architecture(APIObject):
     indexHeadDim: int = api_field("Indexer key dimension.", 0, minimum=0)
     indexTopK: int = api_field("Keys each query attends to under sparse attention (top-k).", 0,
                                minimum=0)
+    parameterBytes: Optional[Quantity] = api_field(
+        "Bytes of all weights as served (e.g. FP8); the planner subtracts each GPU's share "
+        "from its memory to estimate the KV budget. Without it, set "
+        "spec.capacity.kvBudgetPerGpu.", None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,67 @@
+"""Names and labels of every child object of one LongContextDeployment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longctx_engine import api
+
+FIELD_MANAGER = "longctx-operator"
+ROLES = ("prefill", "decode")
+
+
+def statefulset(cr_name: str, role: str) -> str:
+    return f"{cr_name}-{role}"
+
+
+def headless_service(cr_name: str, role: str) -> str:
+    return f"{cr_name}-{role}"
+
+
+def engine_configmap(cr_name: str) -> str:
+    return f"{cr_name}-engine"
+
+
+def pdb(cr_name: str, role: str) -> str:
+    return f"{cr_name}-{role}"
+
+
+def picker(cr_name: str) -> str:
+    """Deployment, Service, ConfigMap, ServiceAccount, Role and RoleBinding of the picker."""
+    return f"{cr_name}-epp"
+
+
+def inference_pool(cr_name: str) -> str:
+    return cr_name
+
+
+def http_route(cr_name: str) -> str:
+    return cr_name
+
+
+def selector_labels(cr_name: str, component: str | None = None) -> dict[str, str]:
+    """Labels that select a CR's objects (and, with a component, one role's pods)."""
+    labels = {"app.kubernetes.io/name": "longctx", "app.kubernetes.io/instance": cr_name}
+    if component:
+        labels["app.kubernetes.io/component"] = component
+    return labels
+
+
+def labels(cr_name: str, component: str) -> dict[str, str]:
+    """Labels every child carries; engine pods add the llm-d role labels."""
+    out = {**selector_labels(cr_name, component), "app.kubernetes.io/managed-by": FIELD_MANAGER}
+    if component in ROLES:
+        out["llm-d.ai/role"] = component
+        out["llm-d.ai/inference-serving"] = "true"
+    return out
+
+
+def serving_selector(cr_name: str) -> dict[str, str]:
+    """Selects every serving pod of a CR, prefill and decode (the InferencePool's selector)."""
+    return {"app.kubernetes.io/instance": cr_name, "llm-d.ai/inference-serving": "true"}
+
+
+def owner_reference(cr: dict[str, Any]) -> dict[str, Any]:
+    meta = cr["metadata"]
+    return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
