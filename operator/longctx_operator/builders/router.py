@@ -1,0 +1,459 @@
+"""The llm-d router of one LongContextDeployment, as plain manifests (no API calls).
+
+Objects (see docs/router.md and shared/docs/llm-d.md):
+
+- InferencePool `<cr>` (inference.networking.k8s.io/v1) selecting every serving pod of the CR,
+  with one target port per engine rank of a pod (8000, 8001, ...);
+- the endpoint picker ("EPP", llm-d-router `cmd/epp`): ConfigMap, Deployment, Service,
+  ServiceAccount, Role, RoleBinding, all named `<cr>-epp`;
+- an HTTPRoute `<cr>` to a Gateway, only when `spec.router.gateway` is set;
+- the decode pods' routing sidecar (`routing_sidecar`), which the decode workload builder
+  puts in `initContainers`.
+
+Ports per role under data parallelism (the picker's contract, llm-d/llm-d-router
+`pkg/epp/datastore/datastore.go`): the picker makes one endpoint per (pod, pool target port)
+and keeps only the ports listed in the pod annotation `llm-d.ai/active-ports` when that
+annotation is present. So the pool lists the union of the ports of both roles, and every
+serving pod carries `pod_annotations(spec, role)` naming the ports it really serves: a
+PCP8 prefill pod (one engine on 8000) is one endpoint, a DP8 decode pod (sidecar on
+8000..8007) is eight. The older "one target port plus a rank header" layout
+(`data-parallel-profile-handler`, `primaryPort`) is deprecated in llm-d-router.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from longctx_engine import api
+
+from .. import naming
+
+COMPONENT = "router"
+
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_API_VERSION = f"{POOL_GROUP}/v1"
+PICKER_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
+
+# Endpoint picker ports (llm-d-router pkg/epp/server/options.go defaults, set explicitly).
+PICKER_GRPC_PORT = 9002
+PICKER_HEALTH_PORT = 9003
+PICKER_METRICS_PORT = 9090
+# gRPC health service the picker answers for a single replica (cmd/epp/runner/health.go).
+PICKER_HEALTH_SERVICE = "inference-extension"
+PICKER_CONFIG_DIR = "/config"
+PICKER_CONFIG_FILE = "epp-config.yaml"
+PICKER_CONFIG_HASH_ANNOTATION = "longctx.dev/picker-config-sha256"
+
+# Serving ports: rank i of a pod is reached on SERVING_BASE_PORT + i (prefill vLLM directly,
+# decode through the sidecar), decode vLLM rank i listens on DECODE_ENGINE_BASE_PORT + i.
+SERVING_BASE_PORT = 8000
+DECODE_ENGINE_BASE_PORT = 8200
+# InferencePool.spec.targetPorts holds at most 8 entries (GIE api/v1 inferencepool_types.go).
+MAX_TARGET_PORTS = 8
+ACTIVE_PORTS_ANNOTATION = "llm-d.ai/active-ports"
+
+SIDECAR_NAME = "routing-proxy"
+NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar)
+
+# Plugin types the picker config is made of; a test checks that none is deprecated.
+DEPRECATED_PLUGIN_TYPES = frozenset({
+    "pd-profile-handler", "disagg-headers-handler", "prefill-header-handler", "by-label",
+    "by-label-selector", "precise-prefix-cache-scorer", "data-parallel-profile-handler",
+})
+DECIDER_TYPES = {"always": "always-disagg-pd-decider", "prefix-based": "prefix-based-pd-decider"}
+
+HTTP_ROUTE_REQUEST_TIMEOUT = "1800s"  # a 1M-token prefill plus a long streamed answer
+
+
+# ---------------------------------------------------------------- ports
+
+
+def ranks_per_pod(spec: api.LongContextDeploymentSpec, role: str) -> int:
+    """Engine ranks (each with its own HTTP port) in one pod of a role.
+
+    A rank spans tensorParallel x pipelineParallel x contextParallel.prefill GPUs; decode
+    context parallelism shards the KV inside those GPUs and adds none. The CRD's CEL rules
+    guarantee that the division is exact and that dataParallel is a multiple of the result.
+    """
+    role_spec = spec.prefill if role == "prefill" else spec.decode
+    rank_gpus = (role_spec.tensorParallel * role_spec.pipelineParallel
+                 * role_spec.contextParallel.prefill)
+    return max(1, min(role_spec.dataParallel, role_spec.gpusPerPod // rank_gpus))
+
+
+def serving_ports(spec: api.LongContextDeploymentSpec, role: str) -> list[int]:
+    """The ports one pod of `role` serves requests on: 8000, 8001, ... one per rank."""
+    return [SERVING_BASE_PORT + i for i in range(ranks_per_pod(spec, role))]
+
+
+def pool_target_ports(spec: api.LongContextDeploymentSpec) -> list[int]:
+    """InferencePool target ports: the union of both roles' serving ports."""
+    ports = sorted(set(serving_ports(spec, "prefill")) | set(serving_ports(spec, "decode")))
+    if len(ports) > MAX_TARGET_PORTS:
+        raise ValueError(
+            f"the router needs {len(ports)} target ports (one per engine rank of a pod) but an "
+            f"InferencePool holds at most {MAX_TARGET_PORTS}: lower spec.prefill/spec.decode "
+            "gpusPerPod or raise tensorParallel so that a pod holds at most 8 ranks")
+    return ports
+
+
+def pod_annotations(spec: api.LongContextDeploymentSpec, role: str) -> dict[str, str]:
+    """Annotations every serving pod of `role` must carry so that the picker offers only the
+    ports that pod really serves (llm-d.ai/active-ports, read by the picker's datastore)."""
+    return {ACTIVE_PORTS_ANNOTATION: ",".join(str(p) for p in serving_ports(spec, role))}
+
+
+# ---------------------------------------------------------------- picker config
+
+
+def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+    """The EndpointPickerConfig (llm-d.ai/v1alpha1): decode-first P/D with approximate prefix
+    routing. Field names follow llm-d-router apix/config/v1alpha1 and each plugin's parameter
+    struct; the picker decodes both strictly."""
+    router = spec.router
+    prefix = router.prefixCache
+    decider_type = DECIDER_TYPES[router.disaggregation.decider]
+    decider: dict[str, Any] = {"type": decider_type}
+    if router.disaggregation.decider == "prefix-based":
+        decider["parameters"] = {"nonCachedTokens": router.disaggregation.nonCachedTokens,
+                                 "promptTokens": router.disaggregation.promptTokens}
+    return {
+        "apiVersion": PICKER_CONFIG_API_VERSION,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            # autoTune off: the CR's block size and LRU capacity are what the user asked for
+            # (with HiSparse, GPU block counts under-state what a decode rank holds).
+            {"type": "approx-prefix-cache-producer",
+             "parameters": {"autoTune": False, "blockSizeTokens": prefix.blockSize,
+                            "maxPrefixTokensToMatch": prefix.maxPrefixTokensToMatch,
+                            "lruCapacityPerServer": prefix.lruCapacityPerServer}},
+            {"type": "prefix-cache-scorer"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefill-filter"},
+            {"type": "decode-filter"},
+            {"type": "max-score-picker"},
+            decider,
+            {"type": "disagg-profile-handler",
+             "parameters": {"deciders": {"prefill": decider_type}}},
+        ],
+        "schedulingProfiles": [
+            {"name": "prefill", "plugins": [
+                {"pluginRef": "prefill-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                {"pluginRef": "queue-scorer", "weight": 1},
+            ]},
+            {"name": "decode", "plugins": [
+                {"pluginRef": "decode-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                {"pluginRef": "queue-scorer", "weight": 1},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+            ]},
+        ],
+    }
+
+
+def picker_config_text(spec: api.LongContextDeploymentSpec) -> str:
+    """The config file content, byte-for-byte stable for one spec (its hash restarts the picker)."""
+    return yaml.safe_dump(picker_config(spec), sort_keys=False, default_flow_style=False)
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- objects
+
+
+def _meta(cr: dict[str, Any], name: str) -> dict[str, Any]:
+    cr_meta = cr["metadata"]
+    return {"name": name, "namespace": cr_meta["namespace"],
+            "labels": naming.labels(cr_meta["name"], COMPONENT),
+            "ownerReferences": [naming.owner_reference(cr)]}
+
+
+def _restricted_container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def picker_args(cr_name: str, namespace: str) -> list[str]:
+    return [
+        f"--pool-name={naming.inference_pool(cr_name)}",
+        f"--pool-namespace={namespace}",
+        f"--pool-group={POOL_GROUP}",
+        f"--config-file={PICKER_CONFIG_DIR}/{PICKER_CONFIG_FILE}",
+        f"--grpc-port={PICKER_GRPC_PORT}",
+        f"--grpc-health-port={PICKER_HEALTH_PORT}",
+        f"--metrics-port={PICKER_METRICS_PORT}",
+        # The gateway talks TLS to the picker (self-signed unless --cert-path).
+        "--secure-serving=true",
+        # /metrics auth needs cluster-scoped tokenreviews/subjectaccessreviews; the picker's
+        # Role is namespaced and minimal, so metrics are served without auth (ClusterIP only).
+        "--metrics-endpoint-auth=false",
+        "--tracing=false",
+        "--zap-encoder=json",
+    ]
+
+
+def _inference_pool(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    return {
+        "apiVersion": POOL_API_VERSION, "kind": "InferencePool",
+        "metadata": _meta(cr, naming.inference_pool(cr_name)),
+        "spec": {
+            "selector": {"matchLabels": naming.serving_selector(cr_name)},
+            "targetPorts": [{"number": p} for p in pool_target_ports(spec)],
+            "appProtocol": "http",
+            "endpointPickerRef": {
+                "group": "", "kind": "Service", "name": naming.picker(cr_name),
+                "port": {"number": PICKER_GRPC_PORT},
+                # A dead picker must not take the model down: the gateway then load-balances.
+                "failureMode": "FailOpen",
+            },
+        },
+    }
+
+
+def _picker_configmap(cr: dict[str, Any], text: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(cr, naming.picker(cr["metadata"]["name"])),
+            "data": {PICKER_CONFIG_FILE: text}}
+
+
+def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
+                       text: str) -> dict[str, Any]:
+    cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
+    name = naming.picker(cr_name)
+    grpc_probe = {"port": PICKER_HEALTH_PORT, "service": PICKER_HEALTH_SERVICE}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(cr, name),
+        "spec": {
+            # One replica: approximate-prefix state lives in one process (llm-d guides).
+            "replicas": 1,
+            # Never two pickers with diverging prefix state during a rollout.
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": naming.selector_labels(cr_name, COMPONENT)},
+            "template": {
+                "metadata": {
+                    "labels": naming.labels(cr_name, COMPONENT),
+                    # The picker reads its config once at start: a new hash rolls the pod.
+                    "annotations": {PICKER_CONFIG_HASH_ANNOTATION: config_hash(text)},
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": True,
+                    "terminationGracePeriodSeconds": 130,  # --drain-timeout 30s plus shutdown
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
+                                        "runAsGroup": NONROOT_UID, "fsGroup": NONROOT_UID,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "epp",
+                        "image": spec.router.pickerImage,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": picker_args(cr_name, namespace),
+                        "ports": [
+                            {"name": "grpc", "containerPort": PICKER_GRPC_PORT, "protocol": "TCP"},
+                            {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT,
+                             "protocol": "TCP"},
+                            {"name": "metrics", "containerPort": PICKER_METRICS_PORT,
+                             "protocol": "TCP"},
+                        ],
+                        "env": [
+                            {"name": "NAMESPACE",
+                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                            {"name": "POD_NAME",
+                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        ],
+                        "livenessProbe": {"grpc": grpc_probe, "initialDelaySeconds": 5,
+                                          "periodSeconds": 10, "failureThreshold": 3},
+                        "readinessProbe": {"grpc": grpc_probe, "periodSeconds": 2,
+                                           "failureThreshold": 3},
+                        "resources": {"requests": {"cpu": "4", "memory": "8Gi"},
+                                      "limits": {"memory": "16Gi"}},
+                        "securityContext": _restricted_container_security(),
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": PICKER_CONFIG_DIR, "readOnly": True},
+                            {"name": "tmp", "mountPath": "/tmp"},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": name}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _picker_service(cr: dict[str, Any]) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(cr, naming.picker(cr_name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector_labels(cr_name, COMPONENT),
+            "ports": [
+                {"name": "grpc-ext-proc", "port": PICKER_GRPC_PORT, "targetPort": "grpc",
+                 "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+                {"name": "http-metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics",
+                 "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+READ = ["get", "list", "watch"]
+
+
+def picker_rules() -> list[dict[str, Any]]:
+    """Exactly what the picker reads: its pool's pods, the pool, objectives and rewrites."""
+    return [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": list(READ)},
+        {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": list(READ)},
+        {"apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+         "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": list(READ)},
+    ]
+
+
+def _picker_rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
+    name = naming.picker(cr["metadata"]["name"])
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cr, name),
+         "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": _meta(cr, name), "rules": picker_rules()},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": _meta(cr, name),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name,
+                       "namespace": cr["metadata"]["namespace"]}]},
+    ]
+
+
+def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+    cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
+    gateway = spec.router.gateway
+    assert gateway is not None
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": _meta(cr, naming.http_route(cr_name)),
+        "spec": {
+            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                            "name": gateway.name, "namespace": gateway.namespace or namespace}],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
+                                 "name": naming.inference_pool(cr_name)}],
+                "timeouts": {"request": HTTP_ROUTE_REQUEST_TIMEOUT},
+            }],
+        },
+    }
+
+
+def router_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> list[dict[str, Any]]:
+    """Every router object of a CR (owner reference and router labels on each); [] when
+    spec.router.enabled is false. Raises ValueError when the layout needs more than 8 ports."""
+    if not spec.router.enabled:
+        return []
+    text = picker_config_text(spec)
+    objects = [
+        _inference_pool(cr, spec),
+        _picker_configmap(cr, text),
+        *_picker_rbac(cr),
+        _picker_service(cr),
+        _picker_deployment(cr, spec, text),
+    ]
+    if spec.router.gateway is not None:
+        objects.append(_http_route(cr, spec))
+    return objects
+
+
+# ---------------------------------------------------------------- decode sidecar
+
+
+def sidecar_args(spec: api.LongContextDeploymentSpec) -> list[str]:
+    """Flags of llm-d-router `cmd/pd-sidecar` (pkg/sidecar/proxy/options.go), all explicit."""
+    return [
+        f"--port={SERVING_BASE_PORT}",
+        f"--model-server-port={DECODE_ENGINE_BASE_PORT}",
+        f"--data-parallel-size={ranks_per_pod(spec, 'decode')}",
+        "--kv-connector=nixlv2",
+        # Plain HTTP inside the pod network; `--secure-proxy` is the name v0.10 knows (newer
+        # releases keep it as a deprecated alias of --secure-serving).
+        "--secure-proxy=false",
+        # Off, as in llm-d's guides: on, every decode pod would watch the InferencePool and
+        # its pods through the API server (a token and a Role in each engine pod). Model pods
+        # must only be reachable through the gateway (docs/router.md).
+        "--enable-ssrf-protection=false",
+        "--zap-encoder=json",
+    ]
+
+
+def routing_sidecar(cr_name: str, spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+    """The decode pod's routing proxy as a native sidecar (for `initContainers`): rank i is
+    served on 8000+i and forwarded to the decode vLLM rank on 8200+i."""
+    del cr_name  # one shape for every CR; kept for a stable call signature
+    ranks = ranks_per_pod(spec, "decode")
+    health = {"path": "/health", "port": SERVING_BASE_PORT}  # answered by the proxy itself
+    return {
+        "name": SIDECAR_NAME,
+        "image": spec.router.sidecarImage,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": sidecar_args(spec),
+        "ports": [{"name": f"proxy-r{i}", "containerPort": SERVING_BASE_PORT + i,
+                   "protocol": "TCP"} for i in range(ranks)],
+        # Gates the start of the engine container until the proxy listens.
+        "startupProbe": {"tcpSocket": {"port": SERVING_BASE_PORT}, "periodSeconds": 1,
+                         "failureThreshold": 60},
+        "livenessProbe": {"httpGet": health, "periodSeconds": 10, "timeoutSeconds": 5,
+                          "failureThreshold": 3},
+        "readinessProbe": {"httpGet": health, "periodSeconds": 5, "timeoutSeconds": 2,
+                           "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "2", "memory": "1Gi"},
+                      "limits": {"memory": "4Gi"}},
+        "securityContext": _restricted_container_security(),
+    }
+
+
+# ---------------------------------------------------------------- status
+
+
+def picker_status(deployment: dict[str, Any] | None) -> tuple[bool, str, str]:
+    """(ready, reason, message) of the RouterReady condition from the picker Deployment."""
+    if deployment is None:
+        return False, "PickerMissing", "the endpoint picker Deployment does not exist yet"
+    name = deployment.get("metadata", {}).get("name", "endpoint picker")
+    generation = deployment.get("metadata", {}).get("generation")
+    status = deployment.get("status") or {}
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    observed = status.get("observedGeneration")
+    if generation is not None and (observed is None or observed < generation):
+        return False, "PickerProgressing", f"Deployment {name}: the new generation " \
+                                           f"{generation} is not observed yet"
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    failure = conditions.get("ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        return False, "PickerReplicaFailure", \
+            f"Deployment {name}: {failure.get('message') or failure.get('reason')}"
+    progressing = conditions.get("Progressing")
+    if progressing and progressing.get("status") == "False":
+        return False, "PickerStalled", \
+            f"Deployment {name}: {progressing.get('message') or progressing.get('reason')}"
+    updated = status.get("updatedReplicas", 0)
+    available = status.get("availableReplicas", 0)
+    if wanted and updated >= wanted and available >= wanted:
+        return True, "PickerAvailable", f"Deployment {name}: {available}/{wanted} replicas available"
+    return False, "PickerUnavailable", \
+        f"Deployment {name}: {available}/{wanted} replicas available, {updated} updated"
