@@ -1,0 +1,79 @@
+"""The engine config file: what the operator mounts and `longctx-engine run` reads.
+
+The operator renders it into ConfigMap `<cr>-engine`, key `engine.yaml`, mounted at
+/etc/longctx. Its content is the CR's identity plus the full spec with defaults applied:
+
+    name: glm
+    namespace: default
+    spec: {...}            # dump_spec(spec)
+
+`read_engine_config` also accepts, for convenience outside a cluster, a ConfigMap manifest
+holding that key, or a LongContextDeployment manifest (e.g. examples/glm-5.3-1m.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .api import KIND, LongContextDeploymentSpec, dump_spec, load_spec
+
+CONFIG_KEY = "engine.yaml"
+CONFIG_DIR = "/etc/longctx"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+
+
+class EngineConfigError(ValueError):
+    """The engine config file cannot be read or does not fit the API."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    cr_name: str
+    namespace: str
+    spec: LongContextDeploymentSpec
+
+
+def render_engine_config(cr_name: str, namespace: str, spec: LongContextDeploymentSpec) -> str:
+    """YAML text of the engine config (deterministic: same spec, same bytes)."""
+    doc = {"name": cr_name, "namespace": namespace, "spec": dump_spec(spec)}
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def parse_engine_config(text: str, source: str = "<config>") -> EngineConfig:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise EngineConfigError(f"{source}: not valid YAML: {e}") from e
+    if not isinstance(doc, dict):
+        raise EngineConfigError(f"{source}: expected a mapping with name, namespace and spec")
+    if doc.get("kind") == "ConfigMap":
+        data = (doc.get("data") or {}).get(CONFIG_KEY)
+        if data is None:
+            raise EngineConfigError(f"{source}: ConfigMap has no data key {CONFIG_KEY!r}")
+        return parse_engine_config(data, f"{source}:data.{CONFIG_KEY}")
+    if doc.get("kind") == KIND:
+        meta: dict[str, Any] = doc.get("metadata") or {}
+        name, namespace = meta.get("name"), meta.get("namespace") or "default"
+    else:
+        name, namespace = doc.get("name"), doc.get("namespace") or "default"
+    if not name:
+        raise EngineConfigError(f"{source}: missing the LongContextDeployment name "
+                                "(key 'name', or metadata.name in a manifest)")
+    try:
+        spec = load_spec(doc.get("spec"))
+    except ValueError as e:
+        raise EngineConfigError(f"{source}: {e}") from e
+    return EngineConfig(cr_name=str(name), namespace=str(namespace), spec=spec)
+
+
+def read_engine_config(path: str | Path) -> EngineConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise EngineConfigError(f"cannot read engine config {p}: {e.strerror or e}") from e
+    return parse_engine_config(text, str(p))
