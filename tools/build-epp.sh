@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the llm-d endpoint picker (github.com/llm-d/llm-d-router/cmd/epp) from the Go
+# module proxy into the longctx cache, keyed by version; does nothing when it is there.
+#
+#   tools/build-epp.sh            build if missing, print the binary's path
+#   tools/build-epp.sh --check    only say whether the module can be fetched (exit 0/1)
+#
+# Environment: LONGCTX_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/longctx).
+# Exit status 3: the module cannot be fetched from the configured GOPROXY (the message
+# says what the proxy answered); tests then fall back to validating the config statically.
+set -euo pipefail
+
+EPP_MODULE=github.com/llm-d/llm-d-router
+EPP_VERSION=0.10.0
+TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE_ROOT="${LONGCTX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/longctx}"
+BIN="$CACHE_ROOT/bin-epp-$EPP_VERSION"
+export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
+
+log() { printf '[epp] %s\n' "$*" >&2; }
+
+fetch() {
+  local out
+  if ! out=$(go mod download -json "$EPP_MODULE@v$EPP_VERSION" 2>&1); then
+    local why
+    why=$(printf '%s' "$out" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("Error","unknown error"))
+except Exception: print(sys.stdin.read())' 2>/dev/null || printf '%s' "$out")
+    log "cannot fetch $EPP_MODULE@v$EPP_VERSION from GOPROXY=$(go env GOPROXY): $why"
+    return 3
+  fi
+}
+
+main() {
+  if [[ "${1:-}" == "--check" ]]; then fetch; exit $?; fi
+  if [[ -x "$BIN/epp" ]]; then echo "$BIN/epp"; return 0; fi
+  fetch || exit 3
+  cd "$TOOLS_DIR/epp"
+  if [[ ! -s go.sum ]]; then
+    log "resolving the module graph of $EPP_MODULE v$EPP_VERSION (go mod tidy)"
+    go mod tidy
+  fi
+  mkdir -p "$BIN"
+  local start=$SECONDS
+  log "building $EPP_MODULE/cmd/epp v$EPP_VERSION (a cold build takes minutes on 2 cores)"
+  go build -ldflags "-s -w" -o "$BIN/epp.tmp" "$EPP_MODULE/cmd/epp"
+  mv -f "$BIN/epp.tmp" "$BIN/epp"
+  log "built $BIN/epp in $((SECONDS - start)) s"
+  echo "$BIN/epp"
+}
+
+main "$@"
