@@ -1,0 +1,36 @@
+# longctx: `make demo` runs the main job end to end; `make test` runs every test.
+# Both install what they need: the control-plane binaries (built from Go modules into
+# a cache outside the repository) and the Python environment (also cached outside).
+SHELL := /bin/bash
+export CGO_ENABLED := 0
+# Go >= 1.26 builds every module used here; no GOTOOLCHAIN override is needed.
+PYTHON_ENV = $(shell tools/python-env.sh)
+PY = $(PYTHON_ENV)/bin/python
+export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
+
+.PHONY: demo test unit cluster-bins python-env crds plan render lint-duplicates
+
+python-env:
+	@tools/python-env.sh >/dev/null
+
+cluster-bins:
+	@tools/build-control-plane.sh >/dev/null
+
+demo: python-env cluster-bins
+	@$(PY) -m tests.cluster.demo
+
+test: python-env cluster-bins
+	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
+
+unit: python-env
+	@$(PY) -m pytest tests -q -m "not cluster" --ignore=tests/cluster
+
+crds: python-env
+	@$(PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml
+
+plan: python-env
+	@$(PY) -m longctx_operator.cli plan -f examples/glm-5.3-1m.yaml
+
+render: python-env
+	@$(PY) -m longctx_operator.cli render -f examples/glm-5.3-1m.yaml

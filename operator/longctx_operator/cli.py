@@ -1,0 +1,129 @@
+"""`longctx`: plan, render and crd work offline; `operator` runs the controller."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from longctx_engine import api
+from longctx_engine.schema import SpecError
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """The one LongContextDeployment in a YAML file ("-" for standard input)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    crs = [d for d in docs if d.get("kind") == api.KIND]
+    if len(crs) != 1:
+        raise SystemExit(f"error: {path} must hold exactly one {api.KIND}, found {len(crs)}")
+    cr = crs[0]
+    cr.setdefault("metadata", {}).setdefault("namespace", "default")
+    return cr
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from longctx_engine.plan_report import render_json, render_table
+    from longctx_engine.planner import plan
+
+    cr = read_manifest(args.file)
+    capacity = plan(api.load_spec(cr.get("spec")))
+    print(render_json(capacity) if args.output == "json" else render_table(capacity))
+    return 0 if capacity.fits else 3
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .desired import desired_objects
+
+    cr = read_manifest(args.file)
+    # Offline there is no UID; the API server fills in the real one on apply.
+    cr["metadata"].setdefault("uid", "00000000-0000-0000-0000-000000000000")
+    spec = api.load_spec(cr.get("spec"))
+    objects = desired_objects(cr, spec, with_pod_monitor=args.pod_monitor)
+    if args.output == "json":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+    else:
+        print(yaml.safe_dump_all(objects, sort_keys=False, width=100), end="")
+    return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .crd import render_crd_yaml
+
+    text = render_crd_yaml()
+    if args.write:
+        for path in args.write:
+            Path(path).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import main as handlers  # noqa: F401  (registers the handlers)
+
+    os.environ.setdefault("LONGCTX_METRICS_PORT", str(args.metrics_port))
+    os.environ.setdefault("LONGCTX_METRICS_ADDRESS", args.metrics_address)
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        standalone=args.peering is None,
+        peering_name=args.peering or "longctx",
+        priority=int(os.environ.get("LONGCTX_PRIORITY", "0")) or (os.getpid() % 1000 + 1),
+        liveness_endpoint=f"http://{args.health_address}:{args.health_port}/healthz",
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="longctx", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="capacity plan of a LongContextDeployment (offline)")
+    p.add_argument("-f", "--file", required=True, help="manifest file, or - for stdin")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("render", help="every child object as YAML (offline, like helm template)")
+    p.add_argument("-f", "--file", required=True, help="manifest file, or - for stdin")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.add_argument("--pod-monitor", action="store_true", help="include the PodMonitor")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("crd", help="print (or --write) the generated CRD")
+    p.add_argument("--write", nargs="*", help="files to write instead of printing")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("operator", help="run the operator (Kopf)")
+    p.add_argument("--namespace", action="append", help="watch only these namespaces "
+                   "(repeatable); default: all")
+    p.add_argument("--peering", default=None, help="Kopf peering name for leader election "
+                   "between replicas; omit to run standalone")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--health-port", type=int, default=8081)
+    p.add_argument("--health-address", default="0.0.0.0")
+    p.add_argument("--verbose", action="store_true")
+    p.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Kubernetes API access for the operator: get, server-side apply, delete and status
+patches for any manifest, with retries on conflicts, throttling and server errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import Any, Callable, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from . import metrics
+from .naming import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Plural resource names of every kind the operator reads or writes.
+PLURALS = {
+    "ConfigMap": "configmaps", "Service": "services", "ServiceAccount": "serviceaccounts",
+    "Pod": "pods", "Event": "events", "StatefulSet": "statefulsets", "Deployment": "deployments",
+    "PodDisruptionBudget": "poddisruptionbudgets", "Role": "roles", "RoleBinding": "rolebindings",
+    "InferencePool": "inferencepools", "HTTPRoute": "httproutes", "PodMonitor": "podmonitors",
+    "LongContextDeployment": "longcontextdeployments",
+    "CustomResourceDefinition": "customresourcedefinitions",
+}
+RETRYABLE = {409, 429, 500, 502, 503, 504}
+
+
+class KubeError(RuntimeError):
+    """An API call failed for good; the message names the object and the API's reason."""
+
+
+def _path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    tail = f"/{name}" if name else ""
+    return f"{base}{ns}/{PLURALS[kind]}{tail}"
+
+
+class Kube:
+    """A thin, retrying REST client over kubernetes.client.ApiClient."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None,
+                 attempts: int = 5, backoff: float = 0.2):
+        self.api = api_client or kubernetes.client.ApiClient()
+        self.attempts = attempts
+        self.backoff = backoff
+
+    @classmethod
+    def from_environment(cls) -> "Kube":
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        return cls()
+
+    # -- low level
+
+    def _call(self, method: str, path: str, body: Any = None, query: list | None = None,
+              content_type: str = "application/json") -> Any:
+        def once() -> Any:
+            data = self.api.call_api(
+                path, method, query_params=query or [], body=body,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30)
+            raw = data[0].data
+            return json.loads(raw) if raw else None
+
+        return self.retry(once, f"{method} {path}")
+
+    def retry(self, fn: Callable[[], T], what: str) -> T:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except ApiException as exc:
+                if exc.status not in RETRYABLE or attempt == self.attempts:
+                    raise
+                delay = self.backoff * 2 ** (attempt - 1) * (1 + random.random())
+                log.info("%s: HTTP %s, retrying in %.2f s", what, exc.status, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # -- objects
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str
+            ) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", _path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise KubeError(describe(exc, f"get {kind} {namespace}/{name}")) from exc
+
+    def list(self, api_version: str, kind: str, namespace: str | None,
+             label_selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        query = []
+        if label_selector:
+            query.append(("labelSelector", ",".join(f"{k}={v}" for k, v in label_selector.items())))
+        try:
+            return self._call("GET", _path(api_version, kind, namespace), query=query)["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                return []  # the kind's CRD is not installed
+            raise KubeError(describe(exc, f"list {kind} in {namespace}")) from exc
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply with the operator's one field manager (takes fields over)."""
+        meta = manifest["metadata"]
+        path = _path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        try:
+            out = self._call("PATCH", path, body=manifest,
+                             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                             content_type="application/apply-patch+yaml")
+        except ApiException as exc:
+            raise KubeError(describe(exc, f"apply {manifest['kind']} "
+                                          f"{meta.get('namespace')}/{meta['name']}")) from exc
+        metrics.API_WRITES.labels(kind=manifest["kind"], verb="apply").inc()
+        return out
+
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
+        try:
+            self._call("DELETE", _path(api_version, kind, namespace, name),
+                       body={"propagationPolicy": "Background"})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise KubeError(describe(exc, f"delete {kind} {namespace}/{name}")) from exc
+        metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
+
+    def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
+                     status: dict[str, Any]) -> None:
+        path = _path(api_version, kind, namespace, name) + "/status"
+        try:
+            self._call("PATCH", path, body={"status": status},
+                       content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted meanwhile
+            raise KubeError(describe(exc, f"update status of {kind} {namespace}/{name}")) from exc
+        metrics.API_WRITES.labels(kind=kind, verb="status").inc()
+
+    def crd_exists(self, name: str) -> bool:
+        try:
+            return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
+                            name) is not None
+        except KubeError:
+            return False  # no permission to read CRDs: treat the optional kind as absent
+
+
+def describe(exc: ApiException, what: str) -> str:
+    """A one-line error: what failed, the HTTP status and the API server's message."""
+    message = exc.reason
+    try:
+        message = json.loads(exc.body).get("message", message)
+    except (TypeError, ValueError):
+        pass
+    hint = ""
+    if exc.status == 403:
+        hint = " (the operator's ServiceAccount lacks this permission: check the chart's RBAC)"
+    return f"{what}: HTTP {exc.status}: {message}{hint}"

@@ -1,0 +1,132 @@
+"""Kopf handlers: thin. Every event of a LongContextDeployment or of one of its children
+asks for one level-based reconcile of that CR; bursts of events are coalesced.
+
+No handler stores progress or adds finalizers: children are garbage-collected through
+their ownerReferences, and the status is recomputed from the children each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+import kopf
+
+from longctx_engine import api
+
+from . import metrics, naming
+from .kube import Kube, KubeError
+from .reconcile import reconcile
+
+log = logging.getLogger(__name__)
+MANAGED = {"app.kubernetes.io/managed-by": naming.FIELD_MANAGER}
+# Children whose events matter: (group, version, plural).
+CHILD_RESOURCES = (
+    ("apps", "v1", "statefulsets"), ("apps", "v1", "deployments"), ("", "v1", "services"),
+    ("", "v1", "configmaps"), ("", "v1", "pods"), ("", "v1", "serviceaccounts"),
+    ("policy", "v1", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("inference.networking.k8s.io", "v1", "inferencepools"),
+)
+
+
+class Coalescer:
+    """Runs at most one reconcile per CR at a time; requests during a run cause one rerun."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, str]] = set()
+        self._pending: set[tuple[str, str]] = set()
+
+    def run(self, key: tuple[str, str], fn: Callable[[], None]) -> None:
+        with self._lock:
+            if key in self._running:
+                self._pending.add(key)
+                return
+            self._running.add(key)
+        try:
+            while True:
+                fn()
+                with self._lock:
+                    if key not in self._pending:
+                        return
+                    self._pending.discard(key)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+
+
+class State:
+    kube: Kube | None = None
+    coalescer = Coalescer()
+    phases: dict[tuple[str, str], str] = {}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = int(os.environ.get("LONGCTX_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = int(os.environ.get("LONGCTX_WORKERS", "8"))
+    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"  # unused: no handler needs one
+    State.kube = Kube.from_environment()
+    port = os.environ.get("LONGCTX_METRICS_PORT")
+    if port:
+        metrics.serve(int(port), os.environ.get("LONGCTX_METRICS_ADDRESS", "127.0.0.1"))
+
+
+def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
+    """Reads the CR fresh and reconciles it (or does nothing if it is gone)."""
+    kube = State.kube
+    assert kube is not None, "the startup handler did not run"
+
+    def once() -> None:
+        cr = kube.get(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name)
+        if cr is None or cr["metadata"].get("deletionTimestamp"):
+            State.phases.pop((namespace, name), None)
+            _export_phases()
+            return
+        try:
+            outcome = reconcile(kube, cr)
+        except KubeError as exc:
+            kopf.event(cr, type="Warning", reason="ReconcileFailed", message=str(exc))
+            raise kopf.TemporaryError(str(exc), delay=10) from exc
+        for type_, reason, message in outcome.events:
+            kopf.event(cr, type=type_, reason=reason, message=message)
+            logger.info("%s/%s %s: %s", namespace, name, reason, message)
+        State.phases[(namespace, name)] = outcome.phase
+        _export_phases()
+
+    State.coalescer.run((namespace, name), once)
+
+
+def _export_phases() -> None:
+    counts = Counter(State.phases.values())
+    for phase in ("Pending", "Progressing", "Ready", "Degraded", "Refused"):
+        metrics.CRS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def deployment_event(type: str, namespace: str, name: str, logger: logging.Logger,
+                     **_: Any) -> None:
+    if type == "DELETED":
+        State.phases.pop((namespace, name), None)
+        _export_phases()
+        return
+    reconcile_named(namespace, name, logger)
+
+
+def _child_event(type: str, namespace: str, labels: dict[str, str], logger: logging.Logger,
+                 **_: Any) -> None:
+    cr_name = labels.get("app.kubernetes.io/instance")
+    if cr_name:
+        reconcile_named(namespace, cr_name, logger)
+
+
+for _group, _version, _plural in CHILD_RESOURCES:
+    kopf.on.event(_group, _version, _plural, labels=MANAGED, id=f"child-{_plural}")(_child_event)

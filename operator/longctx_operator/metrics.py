@@ -1,0 +1,16 @@
+"""Operator metrics (Prometheus, served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RECONCILES = Counter("longctx_reconciles_total", "Reconciles by result.", ["result"])
+RECONCILE_SECONDS = Histogram("longctx_reconcile_duration_seconds", "Reconcile duration.",
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+API_WRITES = Counter("longctx_api_writes_total", "API writes by kind and verb.", ["kind", "verb"])
+MANAGED_OBJECTS = Gauge("longctx_managed_objects", "Child objects managed, by kind.", ["kind"])
+CRS_BY_PHASE = Gauge("longctx_deployments", "LongContextDeployments by phase.", ["phase"])
+
+
+def serve(port: int, address: str) -> None:
+    start_http_server(port, addr=address)

@@ -1,0 +1,178 @@
+"""The CR's status from what its children report (pure)."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from . import naming
+
+# A container restarted this often (or in CrashLoopBackOff) turns the CR Degraded.
+RESTARTS_DEGRADED = 3
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the current spec is not rolled out; the last accepted children keep running."""
+
+    condition: str  # the condition set False: CapacityPlanned or Accepted
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The children as the API reports them."""
+
+    statefulsets: dict[str, dict[str, Any] | None]  # role -> StatefulSet
+    pods: list[dict[str, Any]]
+    router: tuple[bool, str, str] | None  # (ready, reason, message); None: no router
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason,
+            "message": message}
+
+
+def _role_status(sts: dict[str, Any] | None, desired: int) -> dict[str, Any]:
+    st = (sts or {}).get("status", {})
+    ready = st.get("readyReplicas", 0)
+    return {"replicas": desired, "readyReplicas": ready,
+            "updatedReplicas": st.get("updatedReplicas", 0), "summary": f"{ready}/{desired}"}
+
+
+def _crash(pods: list[dict[str, Any]], role: str) -> str | None:
+    """The last termination of a crash-looping container of this role, in words."""
+    for pod in pods:
+        if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") != role:
+            continue
+        statuses = pod.get("status", {})
+        for cs in statuses.get("containerStatuses", []) + statuses.get("initContainerStatuses", []):
+            waiting = cs.get("state", {}).get("waiting", {})
+            if cs.get("restartCount", 0) < RESTARTS_DEGRADED and \
+                    waiting.get("reason") != "CrashLoopBackOff":
+                continue
+            last = cs.get("lastState", {}).get("terminated", {})
+            detail = last.get("message") or waiting.get("message") or ""
+            return (f"container {cs['name']} of pod {pod['metadata']['name']} restarted "
+                    f"{cs.get('restartCount', 0)} times; last exit: "
+                    f"{last.get('reason', waiting.get('reason', 'unknown'))} "
+                    f"(exit code {last.get('exitCode', '?')}){': ' + detail if detail else ''}")
+    return None
+
+
+def _unschedulable(pods: list[dict[str, Any]], role: str) -> str | None:
+    for pod in pods:
+        if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") != role:
+            continue
+        for cond in pod.get("status", {}).get("conditions", []):
+            if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                return f"pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}"
+    return None
+
+
+def _role_condition(role: str, sts: dict[str, Any] | None, desired: int, generation: int,
+                    pods: list[dict[str, Any]]) -> dict[str, Any]:
+    type_ = f"{role.capitalize()}Ready"
+    if sts is None:
+        return _condition(type_, False, "NotCreated", f"StatefulSet of {role} does not exist yet")
+    st = sts.get("status", {})
+    crash = _crash(pods, role)
+    if crash:
+        return _condition(type_, False, "CrashLoop", crash)
+    pending = _unschedulable(pods, role)
+    if pending:
+        return _condition(type_, False, "Unschedulable", pending)
+    if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
+        return _condition(type_, False, "RollingOut", "the StatefulSet controller has not yet "
+                          "seen the latest template")
+    ready, updated = st.get("readyReplicas", 0), st.get("updatedReplicas", 0)
+    if ready >= desired and updated >= desired:
+        return _condition(type_, True, "AllReady", f"{ready}/{desired} pods ready")
+    return _condition(type_, False, "PodsNotReady",
+                      f"{ready}/{desired} pods ready, {updated}/{desired} updated")
+
+
+def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[str, Any] | None,
+                   observed: Observed, desired_replicas: dict[str, int], endpoint: str | None,
+                   previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The full status. Condition timestamps move only when a condition's status changes."""
+    generation = cr["metadata"].get("generation", 1)
+    conditions: list[dict[str, Any]] = []
+    if plan is not None or refusal is None or refusal.condition == "CapacityPlanned":
+        if refusal and refusal.condition == "CapacityPlanned":
+            conditions.append(_condition("CapacityPlanned", False, refusal.reason, refusal.message))
+        elif plan is not None:
+            conditions.append(_condition("CapacityPlanned", True, "Fits",
+                                         "the layout holds maxContextTokens"))
+    if refusal and refusal.condition != "CapacityPlanned":
+        conditions.append(_condition(refusal.condition, False, refusal.reason, refusal.message))
+    role_conditions = [_role_condition(role, observed.statefulsets.get(role),
+                                       desired_replicas.get(role, 0), generation, observed.pods)
+                       for role in naming.ROLES]
+    conditions += role_conditions
+    if observed.router is not None:
+        ok, reason, message = observed.router
+        conditions.append(_condition("RouterReady", ok, reason, message))
+    crashes = [c for c in role_conditions if c["reason"] == "CrashLoop"]
+    degraded = bool(crashes)
+    conditions.append(_condition("Degraded", degraded, "CrashLoop" if degraded else "NoCrashes",
+                                 crashes[0]["message"] if degraded else "no engine is restarting"))
+    serving = [c for c in conditions if c["type"].endswith("Ready")]
+    all_ready = all(c["status"] == "True" for c in serving)
+    if refusal:
+        ready = _condition("Ready", False, "SpecRefused", f"{refusal.message} The children of the "
+                           "last accepted spec are left as they are.")
+    elif degraded:
+        ready = _condition("Ready", False, "Degraded", crashes[0]["message"])
+    elif all_ready:
+        ready = _condition("Ready", True, "AllReady", "prefill, decode and router are ready")
+    else:
+        waiting = next(c for c in serving if c["status"] != "True")
+        ready = _condition("Ready", False, waiting["reason"], f"{waiting['type']}: "
+                           f"{waiting['message']}")
+    conditions.append(ready)
+    progressing = not refusal and not all_ready and not degraded
+    conditions.append(_condition("Progressing", progressing,
+                                 "RollingOut" if progressing else "Settled",
+                                 ready["message"] if progressing else "nothing is rolling out"))
+    phase = ("Refused" if refusal else "Degraded" if degraded else "Ready" if all_ready
+             else "Progressing")
+    _carry_timestamps(conditions, (previous or {}).get("conditions", []), generation)
+    status: dict[str, Any] = {
+        "observedGeneration": generation, "phase": phase, "conditions": conditions,
+        "prefill": _role_status(observed.statefulsets.get("prefill"),
+                                desired_replicas.get("prefill", 0)),
+        "decode": _role_status(observed.statefulsets.get("decode"),
+                               desired_replicas.get("decode", 0)),
+    }
+    if plan is not None:
+        status["plan"] = plan
+        if refusal is None or refusal.condition != "CapacityPlanned":
+            status["maxContextTokens"] = cr["spec"].get("maxContextTokens")
+    if endpoint:
+        status["endpoint"] = endpoint
+    return status
+
+
+def _carry_timestamps(conditions: list[dict[str, Any]], previous: list[dict[str, Any]],
+                      generation: int) -> None:
+    before = {c["type"]: c for c in previous}
+    stamp = now()
+    for cond in conditions:
+        old = before.get(cond["type"])
+        same = old is not None and old.get("status") == cond["status"]
+        cond["lastTransitionTime"] = old.get("lastTransitionTime", stamp) if same else stamp
+        cond["observedGeneration"] = generation
+
+
+def status_changed(previous: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether writing `new` would change anything the operator owns."""
+    previous = previous or {}
+    return any(previous.get(key) != value for key, value in new.items()) or any(
+        key in previous for key in ("plan", "endpoint", "maxContextTokens") if key not in new)

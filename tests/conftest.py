@@ -1,0 +1,135 @@
+"""Shared fixtures: the real local control plane, the operator running in-process
+against it, and a fresh namespace per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+for sub in ("engine", "operator", "kernels"):
+    if str(REPO / sub) not in sys.path:
+        sys.path.insert(0, str(REPO / sub))
+
+from tests.cluster.controlplane import ControlPlane, ControlPlaneError  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
+CRD_FILE = REPO / "crds" / "longctx.dev_longcontextdeployments.yaml"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    """Polls until check() returns something truthy; fails with `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+
+
+class Cluster:
+    """The running control plane plus helpers the tests share."""
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self.kubeconfig = cp.kubeconfig
+        self.bin_dir = cp.bin_dir
+        self.share_dir = cp.share_dir
+
+    def kubectl(self, *args: str, **kw: Any):
+        return self.cp.kubectl(*args, **kw)
+
+    def helm(self, *args: str, **kw: Any):
+        return self.cp.helm(*args, **kw)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        proc = self.kubectl(*args, check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict]:
+        args = ["get", kind, "-n", namespace, "-o", "json"] + (["-l", selector] if selector else [])
+        return json.loads(self.kubectl(*args).stdout)["items"]
+
+    def apply(self, manifest: dict | str, namespace: str, *extra: str):
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self.kubectl("apply", "-n", namespace, "-f", "-", *extra, input=text, check=False)
+
+    def install_crds(self) -> None:
+        files = [CRD_FILE, *sorted((self.share_dir / "crds").glob("*.yaml"))]
+        for f in files:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+
+def example_cr(name: str = "glm", **spec_overrides: Any) -> dict:
+    cr = yaml.safe_load(EXAMPLE.read_text())
+    cr["metadata"]["name"] = name
+    for path, value in spec_overrides.items():
+        node = cr["spec"]
+        keys = path.split("__")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    return cr
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The real control plane. Never skipped: a failure to build or start it fails the tests."""
+    try:
+        cp = ControlPlane(nodes=int(os.environ.get("LONGCTX_TEST_NODES", "4"))).start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the local control plane could not start: {exc}", pytrace=False)
+    os.environ["KUBECONFIG"] = str(cp.kubeconfig)
+    c = Cluster(cp)
+    print(f"\n[cluster] real kube-apiserver {cp.version()} at {cp.server}", file=sys.stderr)
+    c.install_crds()
+    try:
+        yield c
+    finally:
+        cp.stop()
+
+
+def kopf_settings():
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    settings.watching.server_timeout = 10
+    settings.execution.default_backoff = 1
+    settings.networking.request_timeout = 30
+    return settings
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Any]:
+    """The operator, in-process (Kopf's runner), for the tests of one module."""
+    from kopf.testing import KopfRunner
+
+    os.environ["LONGCTX_WATCH_SERVER_TIMEOUT"] = "10"
+    with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",
+                     "longctx_operator.main"], settings=kopf_settings(), timeout=60) as runner:
+        time.sleep(2)  # the first watches are established
+        yield runner
+    assert runner.exception is None, runner.exception
+    assert runner.exit_code == 0, runner.output[-3000:]
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    # CRs first, while the operator still runs; then the namespace, without waiting.
+    cluster.kubectl("delete", "lcd", "--all", "-n", name, "--wait=false", check=False)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
