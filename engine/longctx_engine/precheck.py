@@ -1,0 +1,244 @@
+"""Checks run before `vllm serve`, for what vLLM would find only after loading the model.
+
+Each check is a pure function of the spec, the role and one measured value, so tests
+drive every failure; `HostProbe` gathers the measured values (and is replaceable).
+No psutil, no vLLM, no torch: /proc/meminfo, os.statvfs, env, nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from .api import LongContextDeploymentSpec
+from .quantity import GiB
+from .recipes import (hisparse_bytes_per_rank, layout, offload_bytes_per_rank, shm_bytes)
+
+SHM_PATH = "/dev/shm"
+MEMINFO_PATH = "/proc/meminfo"
+HISPARSE_RAM_FRACTION = 0.95   # vLLM refuses a pinned pool above 95% of available RAM
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    message: str
+    warning: bool = False     # ok, but worth reading
+
+    def line(self) -> str:
+        tag = "FAIL" if not self.ok else ("WARN" if self.warning else "ok")
+        return f"[{tag}] {self.name}: {self.message}"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def shm_free_bytes(path: str = SHM_PATH) -> Optional[int]:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def mem_available_bytes(path: str = MEMINFO_PATH) -> Optional[int]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _nvidia_smi_count(run: Callable = subprocess.run) -> Optional[int]:
+    try:
+        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if getattr(out, "returncode", 1) != 0:
+        return None
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def visible_gpu_count(env: Optional[Mapping[str, str]] = None,
+                      run: Callable = subprocess.run,
+                      dev_glob: str = "/dev/nvidia[0-9]*") -> tuple[Optional[int], str]:
+    """(count, how it was found). CUDA_VISIBLE_DEVICES wins when set; then nvidia-smi -L;
+    then the /dev/nvidiaN device nodes the device plugin mounted."""
+    env = os.environ if env is None else env
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        n = 0
+        for x in cvd.split(","):
+            if not x.strip() or x.strip().startswith("-"):
+                break   # CUDA stops at the first invalid entry (e.g. -1)
+            n += 1
+        return n, f"CUDA_VISIBLE_DEVICES={cvd!r}"
+    n = _nvidia_smi_count(run)
+    if n is not None:
+        return n, "nvidia-smi -L"
+    nodes = [p for p in glob.glob(dev_glob) if re.fullmatch(r".*/nvidia\d+", p)]
+    if nodes:
+        return len(nodes), f"{len(nodes)} /dev/nvidiaN device nodes"
+    return None, "no CUDA_VISIBLE_DEVICES, no nvidia-smi, no /dev/nvidiaN"
+
+
+def installed_vllm_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass
+class HostProbe:
+    """Measures the host; every function can be replaced (tests, other mounts)."""
+
+    shm_free: Callable[[], Optional[int]] = shm_free_bytes
+    mem_available: Callable[[], Optional[int]] = mem_available_bytes
+    gpus: Callable[[], tuple[Optional[int], str]] = visible_gpu_count
+    vllm_version: Callable[[], Optional[str]] = installed_vllm_version
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_shm(spec: LongContextDeploymentSpec, role: str, free: Optional[int]) -> CheckResult:
+    lay = layout(spec, role)
+    per_rank = offload_bytes_per_rank(spec, role)
+    need = lay.ranks_per_pod * per_rank
+    name = "/dev/shm"
+    if need == 0:
+        return CheckResult(name, True, "no CPU offload configured")
+    if free is None:
+        return CheckResult(name, False, f"cannot stat {SHM_PATH}; the CPU offload needs "
+                           f"{_gib(need)} there: mount an emptyDir with medium Memory")
+    what = (f"{lay.ranks_per_pod} rank(s) x {_gib(per_rank)} CPU offload "
+            f"(spec.{role}.cpuOffloadPerRank) = {_gib(need)}")
+    if free < need:
+        return CheckResult(name, False,
+                           f"{_gib(free)} free but {what} must fit (vLLM would fail with "
+                           f"'Insufficient space in /dev/shm' after loading the model); mount "
+                           f"/dev/shm as an emptyDir with medium Memory and sizeLimit of at "
+                           f"least {_gib(shm_bytes(spec, role))}, or lower "
+                           f"spec.{role}.cpuOffloadPerRank")
+    return CheckResult(name, True, f"{_gib(free)} free for {what}")
+
+
+def check_host_memory(spec: LongContextDeploymentSpec, role: str,
+                      available: Optional[int]) -> CheckResult:
+    """HiSparse pools (pinned per rank) plus the CPU offload (tmpfs pages) must fit in the
+    host's available RAM; vLLM itself refuses a pinned pool above 95% of it, but only
+    after the weights are loaded."""
+    lay = layout(spec, role)
+    n = lay.ranks_per_pod
+    pools = n * hisparse_bytes_per_rank(spec, role)
+    offload = n * offload_bytes_per_rank(spec, role)
+    need = pools + offload
+    name = "host memory"
+    parts = []
+    if pools:
+        parts.append(f"HiSparse pins {n} x {_gib(pools / n)} = {_gib(pools)} "
+                     "(spec.decode.hiSparse.hostPoolPerRank)")
+    if offload:
+        parts.append(f"the CPU offload holds {n} x {_gib(offload / n)} = {_gib(offload)} "
+                     f"(spec.{role}.cpuOffloadPerRank)")
+    if need == 0:
+        return CheckResult(name, True, "no HiSparse pool or CPU offload configured")
+    what = " and ".join(parts)
+    if available is None:
+        return CheckResult(name, True, f"cannot read MemAvailable from {MEMINFO_PATH}; {what}",
+                           warning=True)
+    limit = available * HISPARSE_RAM_FRACTION
+    if need > limit:
+        fields = (["spec.decode.hiSparse.hostPoolPerRank"] if pools else []) + (
+            [f"spec.{role}.cpuOffloadPerRank"] if offload else [])
+        return CheckResult(name, False,
+                           f"{what}: {_gib(need)} > {HISPARSE_RAM_FRACTION:.0%} of the "
+                           f"{_gib(available)} host RAM available; lower "
+                           f"{' or '.join(fields)}, or use nodes with more memory "
+                           "(vLLM checks the host's RAM, not the pod's memory limit)")
+    return CheckResult(name, True, f"{what}; {_gib(available)} available")
+
+
+def check_gpus(spec: LongContextDeploymentSpec, role: str, visible: Optional[int],
+               source: str = "") -> CheckResult:
+    lay = layout(spec, role)
+    need = lay.ranks_per_pod * lay.rank_gpus
+    what = (f"{lay.ranks_per_pod} rank(s) x {lay.rank_gpus} GPU(s) (tensorParallel x "
+            f"pipelineParallel x contextParallel.prefill of spec.{role}) = {need}")
+    name = "GPUs"
+    if visible is None:
+        return CheckResult(name, False, f"no GPU visible ({source}); the layout needs {what}; "
+                           f"request nvidia.com/gpu: {lay.gpus_per_pod} on the container")
+    if visible < need:
+        return CheckResult(name, False, f"{visible} visible ({source}) but the layout needs "
+                           f"{what}; request nvidia.com/gpu: {need} or lower "
+                           f"spec.{role}.gpusPerPod / the parallel sizes")
+    if visible > need:
+        return CheckResult(name, True, f"{visible} visible ({source}), the layout uses {need}; "
+                           f"{visible - need} idle", warning=True)
+    return CheckResult(name, True, f"{visible} visible ({source}) for {what}")
+
+
+def check_env(env: Mapping[str, str]) -> CheckResult:
+    """Inherited variables that make vLLM fail with a KV connector or P/D."""
+    problems, warnings = [], []
+    alloc = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if re.search(r"expandable_segments\s*:\s*True", alloc):
+        problems.append("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which vLLM "
+                        "rejects with a KV connector; remove it from the pod env")
+    if env.get("VLLM_USE_V2_MODEL_RUNNER") not in (None, "", "1"):
+        problems.append(f"VLLM_USE_V2_MODEL_RUNNER={env['VLLM_USE_V2_MODEL_RUNNER']!r}: PCP "
+                        "and HiSparse need Model Runner V2; remove it")
+    port = env.get("VLLM_PORT", "")
+    if "://" in port:
+        warnings.append(f"VLLM_PORT={port!r} looks like a Kubernetes service link; it is "
+                        "removed before vLLM starts (set enableServiceLinks: false)")
+    if env.get("VLLM_KV_CACHE_LAYOUT"):
+        problems.append(f"VLLM_KV_CACHE_LAYOUT={env['VLLM_KV_CACHE_LAYOUT']!r} overrides the "
+                        "connectors' layouts (HiSparse needs BLHNC); remove it")
+    if problems:
+        return CheckResult("environment", False, "; ".join(problems + warnings))
+    if warnings:
+        return CheckResult("environment", True, "; ".join(warnings), warning=True)
+    return CheckResult("environment", True, "nothing conflicting")
+
+
+def check_vllm_version(expected: str, installed: Optional[str]) -> CheckResult:
+    name = "vLLM version"
+    if installed is None:
+        return CheckResult(name, False, f"vllm is not installed in this image; "
+                           f"spec.engine.vllmVersion is {expected}: use the longctx engine image")
+    base = installed.split("+")[0]
+    if base != expected:
+        return CheckResult(name, False, f"the image has vLLM {installed} but "
+                           f"spec.engine.vllmVersion is {expected}; prefill and decode must run "
+                           "the same version (NIXL hash): fix spec.engine.image or vllmVersion")
+    return CheckResult(name, True, installed)
+
+
+def run_prechecks(spec: LongContextDeploymentSpec, role: str,
+                  probe: Optional[HostProbe] = None) -> list[CheckResult]:
+    probe = probe or HostProbe()
+    gpus, source = probe.gpus()
+    return [
+        check_vllm_version(spec.engine.vllmVersion, probe.vllm_version()),
+        check_gpus(spec, role, gpus, source),
+        check_shm(spec, role, probe.shm_free()),
+        check_host_memory(spec, role, probe.mem_available()),
+        check_env(probe.env),
+    ]
