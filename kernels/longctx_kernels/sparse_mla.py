@@ -1,0 +1,209 @@
+"""Sparse MLA decode over the top-k rows of an fp8 paged KV cache.
+
+Row layout (``fp8_ds_mla``, 656 B per token): 512 fp8 e4m3 latent values,
+4 fp32 scales (one per group of 128 latent values), 64 bf16 rope values. The
+cache is ``uint8 [num_blocks, block_size, 656]``; top-k ids are physical slots
+``block * block_size + offset`` (-1 = no token). The query is absorbed:
+``q [B, H, 576]`` bf16 (512 latent + 64 rope); V is the dequantized latent.
+
+The kernel never multiplies the dequantized tile: a group's scale s is folded
+into the scores (``q . (s k8) = s (q . k8)``) and into P for the P @ V product,
+so the only per-element work on K/V is the exact fp8 -> bf16 conversion.
+Outputs: ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 in base e (-inf
+where no valid token was selected, with out = 0: the merge's identity).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import bf16_dot_dtype
+from .lse_merge import lse_merge
+
+ROW_BYTES = 656
+LATENT = 512
+ROPE = 64
+GROUP = 128
+_SCALES_OFFSET = LATENT  # byte offset of the 4 fp32 scales
+_ROPE_OFFSET = LATENT + 4 * 4  # byte offset of the 64 bf16 rope values
+FP8_MAX = 448.0
+
+
+def pack_fp8_ds_mla_rows(kv: torch.Tensor) -> torch.Tensor:
+    """[n, 576] float -> [n, 656] uint8 rows (per-128-group amax scaling)."""
+    latent = kv[:, :LATENT].float().reshape(-1, LATENT // GROUP, GROUP)
+    scales = (latent.abs().amax(dim=-1) / FP8_MAX).clamp(min=1e-10)
+    fp8 = (latent / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).reshape(-1, LATENT)
+    return torch.cat(
+        [
+            fp8.view(torch.uint8),
+            scales.float().contiguous().view(torch.uint8),
+            kv[:, LATENT:].to(torch.bfloat16).contiguous().view(torch.uint8),
+        ],
+        dim=1,
+    )
+
+
+def unpack_fp8_ds_mla_rows(rows: torch.Tensor) -> torch.Tensor:
+    """[n, 656] uint8 -> [n, 576] fp32 (the dequantized latent and rope)."""
+    latent = rows[:, :LATENT].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, LATENT // GROUP, GROUP)
+    scales = rows[:, _SCALES_OFFSET:_ROPE_OFFSET].contiguous().view(torch.float32)
+    rope = rows[:, _ROPE_OFFSET:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([(latent * scales.unsqueeze(-1)).reshape(-1, LATENT), rope], dim=1)
+
+
+def sparse_mla_decode_reference(
+    q: torch.Tensor, cache: torch.Tensor, topk_slots: torch.Tensor, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, 576], cache [num_blocks, bs, 656] uint8, topk_slots [B, K] -> out [B, H, 512], lse [B, H]."""
+    rows = cache.reshape(-1, ROW_BYTES)
+    valid = topk_slots >= 0
+    kv = unpack_fp8_ds_mla_rows(rows[topk_slots.clamp(min=0).reshape(-1).long()]).reshape(
+        *topk_slots.shape, LATENT + ROPE
+    )
+    scores = torch.einsum("bhd,bkd->bhk", q.float(), kv) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.einsum("bhk,bkd->bhd", probs, kv[..., :LATENT])
+    return out.to(torch.bfloat16), lse
+
+
+@triton.jit
+def _load_latent_group(cache_u8, slot, valid, G: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    d = tl.arange(0, 128)
+    ptrs = cache_u8 + slot[:, None] * 656 + G * 128 + d[None, :]
+    return tl.load(ptrs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+
+
+@triton.jit
+def _load_q_group(q_ptr, row, h_ok, start: tl.constexpr, width: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    d = tl.arange(0, width)
+    q = tl.load(q_ptr + row[:, None] * 576 + start + d[None, :], mask=h_ok[:, None], other=0.0)
+    return q.to(DOT_DTYPE)
+
+
+@triton.jit
+def _sparse_mla_decode_kernel(
+    q_ptr, cache_u8, cache_f32, cache_bf16, topk_ptr, out_ptr, lse_ptr,
+    B, H, K, k_per_split, qk_scale_log2,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    # One 656-B row is read through three views of the cache: 656 uint8 (fp8
+    # latent at bytes 0..511), 164 fp32 (scales at words 128..131) and 328 bf16
+    # (rope at 264..327).
+    # Program = (request, head block, slice of the top-k list). With more than
+    # one slice, fp32 partial outputs + LSEs go to a merge (same math as DCP).
+    b = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    h_ok = h < H
+    q_row = b * H + h
+    q0 = _load_q_group(q_ptr, q_row, h_ok, 0, 128, DOT_DTYPE)
+    q1 = _load_q_group(q_ptr, q_row, h_ok, 128, 128, DOT_DTYPE)
+    q2 = _load_q_group(q_ptr, q_row, h_ok, 256, 128, DOT_DTYPE)
+    q3 = _load_q_group(q_ptr, q_row, h_ok, 384, 128, DOT_DTYPE)
+    q_rope = _load_q_group(q_ptr, q_row, h_ok, 512, 64, DOT_DTYPE)
+
+    acc0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    # Finite initial max: a fully masked tile then gives p = 0, not NaN.
+    m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    r = tl.arange(0, 64)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        idx = tl.load(topk_ptr + b * K + kk, mask=kk < k_end, other=-1)
+        valid = idx >= 0
+        slot = tl.where(valid, idx, 0).to(tl.int64)
+        k_0 = _load_latent_group(cache_u8, slot, valid, 0, DOT_DTYPE)
+        k_1 = _load_latent_group(cache_u8, slot, valid, 1, DOT_DTYPE)
+        k_2 = _load_latent_group(cache_u8, slot, valid, 2, DOT_DTYPE)
+        k_3 = _load_latent_group(cache_u8, slot, valid, 3, DOT_DTYPE)
+        s0 = tl.load(cache_f32 + slot * 164 + 128, mask=valid, other=0.0)
+        s1 = tl.load(cache_f32 + slot * 164 + 129, mask=valid, other=0.0)
+        s2 = tl.load(cache_f32 + slot * 164 + 130, mask=valid, other=0.0)
+        s3 = tl.load(cache_f32 + slot * 164 + 131, mask=valid, other=0.0)
+        k_rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+
+        scores = tl.dot(q0, tl.trans(k_0)) * s0[None, :]
+        scores += tl.dot(q1, tl.trans(k_1)) * s1[None, :]
+        scores += tl.dot(q2, tl.trans(k_2)) * s2[None, :]
+        scores += tl.dot(q3, tl.trans(k_3)) * s3[None, :]
+        scores += tl.dot(q_rope, tl.trans(k_rope))
+        scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(DOT_DTYPE), k_0)
+        acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(DOT_DTYPE), k_1)
+        acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(DOT_DTYPE), k_2)
+        acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(DOT_DTYPE), k_3)
+        m_i = m_new
+
+    inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    d = tl.arange(0, 128)
+    if SPLIT_OUTPUT:
+        base = out_ptr + (split * B * H + q_row)[:, None].to(tl.int64) * 512 + d[None, :]
+        tl.store(lse_ptr + split * B * H + q_row, lse, mask=h_ok)
+    else:
+        base = out_ptr + q_row[:, None].to(tl.int64) * 512 + d[None, :]
+        tl.store(lse_ptr + q_row, lse, mask=h_ok)
+    ty = out_ptr.dtype.element_ty
+    tl.store(base, (acc0 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 128, (acc1 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 256, (acc2 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 384, (acc3 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    topk_slots: torch.Tensor,
+    sm_scale: float,
+    num_splits: int = 1,
+    block_h: int = 64,
+    block_k: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`sparse_mla_decode_reference`.
+
+    ``num_splits > 1`` splits the top-k list so that small batches still fill
+    the GPU; the slices are combined by :func:`lse_merge`.
+    """
+    batch, heads, dim = q.shape
+    assert dim == LATENT + ROPE and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
+    q = q.contiguous()
+    topk_slots = topk_slots.contiguous()
+    k = topk_slots.shape[1]
+    block_h = max(16, min(block_h, triton.next_power_of_2(heads)))  # tl.dot needs M >= 16
+    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), block_k) * block_k
+    num_splits = triton.cdiv(k, k_per_split)
+    flat = cache.reshape(-1, ROW_BYTES)
+    views = (flat, flat.view(torch.float32), flat.view(torch.bfloat16))
+    grid = (batch, triton.cdiv(heads, block_h), num_splits)
+    args = dict(BLOCK_H=block_h, BLOCK_K=block_k, DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
+    qk_scale_log2 = sm_scale / math.log(2.0)
+    if num_splits == 1:
+        out = torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
+        _sparse_mla_decode_kernel[grid](q, *views, topk_slots, out, lse, batch, heads, k, k_per_split,
+                                        qk_scale_log2, SPLIT_OUTPUT=False, **args)
+        return out, lse
+    part = torch.empty((num_splits, batch, heads, LATENT), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
+    _sparse_mla_decode_kernel[grid](q, *views, topk_slots, part, part_lse, batch, heads, k, k_per_split,
+                                    qk_scale_log2, SPLIT_OUTPUT=True, **args)
+    return lse_merge(part, part_lse, out_dtype=torch.bfloat16)
