@@ -1,0 +1,121 @@
+"""Pure builders of the engine objects, from the example and its variants."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longctx_engine.api import load_spec
+from longctx_engine.quantity import parse_bytes
+from longctx_engine.recipes import engine_ports, host_memory_bytes, shm_bytes
+from longctx_operator.builders.engine import engine_objects, pod_monitor
+
+REPO = Path(__file__).resolve().parents[2]
+CR = {**yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())}
+CR["metadata"] = {"name": "glm", "namespace": "ml", "uid": "u-1"}
+
+
+def objects(cr=CR):
+    return {(o["kind"], o["metadata"]["name"]): o for o in engine_objects(cr, load_spec(cr["spec"]))}
+
+
+def pod(objs, role):
+    return objs[("StatefulSet", f"glm-{role}")]["spec"]["template"]["spec"]
+
+
+def test_every_object_is_owned_and_labelled():
+    for obj in objects().values():
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == "u-1" and owner["controller"] is True
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "glm"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "longctx-operator"
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_statefulset_shape(role):
+    objs = objects()
+    sts = objs[("StatefulSet", f"glm-{role}")]
+    spec = load_spec(CR["spec"])
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == f"glm-{role}"
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels["llm-d.ai/role"] == role and labels["llm-d.ai/inference-serving"] == "true"
+    podspec = pod(objs, role)
+    engine = podspec["containers"][0]
+    assert engine["command"][:4] == ["longctx-engine", "run", "--role", role]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert parse_bytes(engine["resources"]["requests"]["memory"]) == host_memory_bytes(spec, role)
+    shm = next(v for v in podspec["volumes"] if v["name"] == "dshm")["emptyDir"]
+    assert shm["medium"] == "Memory" and parse_bytes(shm["sizeLimit"]) == shm_bytes(spec, role)
+    # /dev/shm holds every rank's CPU offload.
+    ports = engine_ports(spec, role)
+    ranks = len(ports.http)
+    assert shm_bytes(spec, role) >= ranks * parse_bytes(getattr(spec, role).cpuOffloadPerRank)
+    nixl = [p["containerPort"] for p in engine["ports"] if p["name"].startswith("nixl-")]
+    assert nixl == [5600 + i for i in range(ranks)]
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert engine["startupProbe"]["failureThreshold"] * engine["startupProbe"]["periodSeconds"] >= 3600
+    assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
+    term = podspec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["NVIDIA-H200"]
+    model = next(v for v in podspec["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+
+
+def test_decode_pod_has_the_routing_sidecar_and_host_memory_for_hisparse():
+    objs = objects()
+    podspec = pod(objs, "decode")
+    (sidecar,) = podspec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    spec = load_spec(CR["spec"])
+    pools = 8 * parse_bytes("48Gi") + 8 * parse_bytes("16Gi")
+    assert host_memory_bytes(spec, "decode") > pools
+    assert "initContainers" not in pod(objs, "prefill")
+
+
+def test_placement_merges_user_choices():
+    cr = copy.deepcopy(CR)
+    cr["spec"]["placement"] = {"nodeSelector": {"pool": "long"}, "priorityClassName": "serving",
+                               "tolerations": [{"key": "dedicated", "operator": "Equal",
+                                                "value": "llm", "effect": "NoSchedule"}]}
+    cr["spec"]["kvTransfer"] = {"rdma": {"resource": "rdma/ib", "count": 2}}
+    podspec = pod(objects(cr), "prefill")
+    assert podspec["nodeSelector"] == {"pool": "long"}
+    assert podspec["priorityClassName"] == "serving"
+    assert {"key": "dedicated", "operator": "Equal", "value": "llm",
+            "effect": "NoSchedule"} in podspec["tolerations"]
+    assert podspec["containers"][0]["resources"]["limits"]["rdma/ib"] == "2"
+
+
+def test_hugging_face_token_comes_from_the_secret():
+    cr = copy.deepcopy(CR)
+    cr["spec"]["model"]["source"] = {"huggingFace": {"tokenSecretRef": {"name": "hf"}}}
+    podspec = pod(objects(cr), "decode")
+    env = {e["name"]: e for e in podspec["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
+    assert not any(v["name"] == "model" for v in podspec["volumes"])
+
+
+def test_a_spec_change_rolls_the_pods_through_the_template():
+    before = objects()
+    cr = copy.deepcopy(CR)
+    cr["spec"]["maxContextTokens"] = 524288
+    after = objects(cr)
+    key = ("StatefulSet", "glm-prefill")
+    a = before[key]["spec"]["template"]["metadata"]["annotations"]["longctx.dev/engine-config"]
+    b = after[key]["spec"]["template"]["metadata"]["annotations"]["longctx.dev/engine-config"]
+    assert a != b
+
+
+def test_pdb_per_role_and_pod_monitor():
+    objs = objects()
+    for role in ("prefill", "decode"):
+        pdb = objs[("PodDisruptionBudget", f"glm-{role}")]
+        assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == role
+    monitor = pod_monitor(CR, load_spec(CR["spec"]))
+    ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert {"vllm-0", "vllm-7"} <= ports
