@@ -1,0 +1,91 @@
+"""The recipe variants every contract and unit test exercises (one place)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from longctx_engine.api import LongContextDeploymentSpec, load_spec
+from longctx_engine.recipes import EngineCommand, PodIdentity, build_command
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
+
+
+def example_manifest() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def example_spec_dict() -> dict[str, Any]:
+    return copy.deepcopy(example_manifest()["spec"])
+
+
+def spec_with(edit: Callable[[dict], None] | None = None) -> LongContextDeploymentSpec:
+    d = example_spec_dict()
+    if edit:
+        edit(d)
+    return load_spec(d)
+
+
+def pod(role: str, ordinal: int = 0, cr: str = "glm", ns: str = "llm") -> PodIdentity:
+    return PodIdentity(cr_name=cr, namespace=ns, pod_name=f"{cr}-{role}-{ordinal}",
+                       ordinal=ordinal, pod_ip=f"10.1.{0 if role == 'prefill' else 1}.{ordinal + 7}")
+
+
+def _dp8_prefill(d: dict) -> None:
+    d["prefill"].update(dataParallel=8, contextParallel={"prefill": 1, "decode": 1},
+                        cpuOffloadPerRank="64Gi")
+
+
+def _offload_only(d: dict) -> None:
+    d["decode"]["hiSparse"] = {"enabled": False}
+
+
+def _multipod(d: dict) -> None:
+    d["decode"].update(dataParallel=16, replicas=2)
+
+
+def _one_rank_per_pod(d: dict) -> None:
+    d["decode"].update(tensorParallel=8, dataParallel=2, replicas=2, cpuOffloadPerRank="64Gi")
+
+
+def _extra(d: dict) -> None:
+    d.setdefault("engine", {})["extraArgs"] = {
+        "prefill": ["--max-num-batched-tokens", "16384", "--gpu-memory-utilization=0.9",
+                    "--attention-backend", "FLASHMLA_SPARSE"],
+        "decode": ["--max-num-seqs=64", "--block-size", "64", "--attention-backend",
+                   "FLASHMLA_SPARSE", "--disable-access-log-for-endpoints",
+                   "/health,/metrics,/v1/models"],
+    }
+    d["decode"]["hiSparse"]["deviceBufferSize"] = 10240
+
+
+@dataclass(frozen=True)
+class Variant:
+    id: str
+    role: str
+    edit: Callable[[dict], None] | None = None
+    ordinal: int = 0
+
+    def spec(self) -> LongContextDeploymentSpec:
+        return spec_with(self.edit)
+
+    def command(self) -> EngineCommand:
+        return build_command(self.spec(), self.role, pod(self.role, self.ordinal))
+
+
+VARIANTS = [
+    Variant("target-prefill", "prefill"),
+    Variant("target-decode", "decode"),
+    Variant("dp8-prefill-baseline", "prefill", _dp8_prefill),
+    Variant("offload-only-decode", "decode", _offload_only),
+    Variant("multipod-decode-rank1", "decode", _multipod, ordinal=1),
+    Variant("multipod-decode-rank0", "decode", _multipod, ordinal=0),
+    Variant("one-rank-per-pod-decode", "decode", _one_rank_per_pod, ordinal=1),
+    Variant("extra-args-prefill", "prefill", _extra),
+    Variant("extra-args-decode", "decode", _extra),
+]
