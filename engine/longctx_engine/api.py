@@ -51,6 +51,12 @@ class Architecture(APIObject):
         "Bytes of all weights as served (e.g. FP8); the planner subtracts each GPU's share "
         "from its memory to estimate the KV budget. Without it, set "
         "spec.capacity.kvBudgetPerGpu.", None)
+    replicatedParameterBytes: Optional[Quantity] = api_field(
+        "Bytes of the weights that expert parallelism does not split (attention and indexer "
+        "projections, dense and shared-expert MLPs, embeddings, LM head): every GPU holds "
+        "them, divided only by tensorParallel. The rest of parameterBytes is split across the "
+        "expert-parallel group. Without it the planner divides all of parameterBytes by the "
+        "expert-parallel group, which overestimates the KV budget.", None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +351,18 @@ class Capacity(APIObject):
     kvBudgetPerGpu: Optional[Quantity] = api_field(
         "KV memory left per GPU after weights and activations; overrides the planner's "
         "estimate.", None)
+    gpuMemory: Quantity = api_field(
+        "Memory of one GPU as CUDA reports it (torch.cuda.mem_get_info total). The default "
+        "is an H200's: 150109880320 bytes (139.8 GiB, measured). Used only to estimate the "
+        "KV budget.", Quantity("150109880320"))
+    gpuMemoryUtilizationPercent: int = api_field(
+        "Share of gpuMemory vLLM may use, in percent (--gpu-memory-utilization x 100; vLLM's "
+        "default 0.9). Set it to match any --gpu-memory-utilization in engine.extraArgs.", 90,
+        minimum=1, maximum=100)
+    activationReservePerGpu: Quantity = api_field(
+        "Memory per GPU the planner sets aside for activations, CUDA graphs and communication "
+        "buffers, on top of the sparse-MLA prefill workspace it derives from maxContextTokens.",
+        Quantity("4Gi"))
 
 
 @dataclass(frozen=True, kw_only=True)

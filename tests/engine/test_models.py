@@ -1,0 +1,76 @@
+"""Model presets: the architecture numbers and the byte formats derived from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from longctx_engine import api, models
+from longctx_engine.quantity import GiB, parse_bytes
+
+
+@pytest.mark.parametrize("name, layers, mtp, heads, index_layers, index_heads", [
+    ("glm-5.3", 78, 1, 64, 21, 32),
+    ("deepseek-v3.2", 61, 1, 128, 61, 64),
+])
+def test_presets_are_architectures(name, layers, mtp, heads, index_layers, index_heads):
+    arch = models.PRESETS[name]
+    assert isinstance(arch, api.Architecture)
+    assert (arch.layers, arch.mtpLayers, arch.attentionHeads) == (layers, mtp, heads)
+    assert (arch.kvLoraRank, arch.qkRopeHeadDim) == (512, 64)
+    assert (arch.indexLayers, arch.indexHeads, arch.indexHeadDim, arch.indexTopK) == \
+        (index_layers, index_heads, 128, 2048)
+
+
+def test_every_preset_name_of_the_api_resolves():
+    assert set(models.PRESETS) == set(api.PRESET_NAMES)
+
+
+@pytest.mark.parametrize("dtype, row", [("fp8", 656), ("fp8_ds_mla", 656), ("auto", 1152)])
+def test_mla_row_is_derived_from_the_architecture(dtype, row):
+    arch = models.PRESETS["glm-5.3"]
+    assert models.mla_row_bytes(arch, dtype) == row
+    # A different latent changes the row: 256 fp8 + 2 scales x 4 + 64 x 2.
+    other = api.Architecture(layers=1, attentionHeads=8, kvLoraRank=256, qkRopeHeadDim=64)
+    assert models.mla_row_bytes(other, "fp8") == 256 + 8 + 128
+
+
+def test_indexer_row_is_derived_from_the_architecture():
+    assert models.indexer_row_bytes(models.PRESETS["glm-5.3"]) == 132
+    dense = api.Architecture(layers=1, attentionHeads=8, kvLoraRank=512, qkRopeHeadDim=64)
+    assert models.indexer_row_bytes(dense) == 0
+
+
+def test_weight_derivation_reproduces_published_sizes():
+    # GLM-5 (same geometry as GLM-5.3 but an indexer in every layer): 753.9B parameters.
+    glm5 = models._Geometry(**{**models._GLM_5_3.__dict__, "index_layers": 78})
+    assert sum(glm5.parameters()) == pytest.approx(753.9e9, rel=0.005)
+    # DeepSeek-V3.2's FP8 checkpoint: about 642 GiB (685.4B parameters incl. MTP).
+    total, _ = models._fp8_weight_bytes(models._DEEPSEEK_V3_2)
+    assert total / GiB == pytest.approx(642, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["glm-5.3", "deepseek-v3.2"])
+def test_presets_carry_weight_bytes(name):
+    arch = models.PRESETS[name]
+    total = parse_bytes(arch.parameterBytes)
+    replicated = parse_bytes(arch.replicatedParameterBytes)
+    assert 600 * GiB < total < 720 * GiB
+    assert 15 * GiB < replicated < 25 * GiB
+
+
+def test_resolve_architecture_preset_and_explicit():
+    spec = api.load_spec({"model": {"name": "m", "preset": "glm-5.3",
+                                    "source": {"pvc": {"claimName": "c"}}},
+                          "maxContextTokens": 1024})
+    assert models.resolve_architecture(spec.model) is models.PRESETS["glm-5.3"]
+    explicit = {"layers": 4, "attentionHeads": 16, "kvLoraRank": 512, "qkRopeHeadDim": 64}
+    spec = api.load_spec({"model": {"name": "m", "architecture": explicit,
+                                    "source": {"pvc": {"claimName": "c"}}},
+                          "maxContextTokens": 1024})
+    assert models.resolve_architecture(spec.model).layers == 4
+
+
+def test_resolve_architecture_unknown_preset_names_the_field():
+    model = api.Model(name="m", preset="nope", source=api.ModelSource(pvc=api.PVCSource(claimName="c")))
+    with pytest.raises(ValueError, match="spec.model.preset"):
+        models.resolve_architecture(model)
