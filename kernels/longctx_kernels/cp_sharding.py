@@ -27,10 +27,9 @@ def pcp_chunk_size(num_tokens: int, num_ranks: int) -> int:
 def pcp_rank_token_ids(num_tokens: int, num_ranks: int, rank: int) -> torch.Tensor:
     """Global token ids held by `rank`, in shard order (head chunk, then tail chunk)."""
     c = pcp_chunk_size(num_tokens, num_ranks)
-    head = torch.arange(rank * c, min((rank + 1) * c, num_tokens))
-    tail_chunk = 2 * num_ranks - 1 - rank
-    tail = torch.arange(tail_chunk * c, min((tail_chunk + 1) * c, num_tokens))
-    return torch.cat([head, tail])
+    # Short prompts leave trailing chunks empty, so clamp both ends to T.
+    chunks = (rank, 2 * num_ranks - 1 - rank)
+    return torch.cat([torch.arange(min(i * c, num_tokens), min((i + 1) * c, num_tokens)) for i in chunks])
 
 
 def pcp_shard_reference(x: torch.Tensor, num_ranks: int) -> torch.Tensor:
@@ -101,24 +100,26 @@ def _pcp_unshard_kernel(
 _BLOCK_ROWS = 16
 
 
-def pcp_shard(x: torch.Tensor, num_ranks: int) -> torch.Tensor:
+def pcp_shard(x: torch.Tensor, num_ranks: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of :func:`pcp_shard_reference`."""
     x = x.contiguous()
     t, d = x.shape
     c = pcp_chunk_size(t, num_ranks)
-    out = torch.empty((num_ranks, 2 * c, d), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((num_ranks, 2 * c, d), dtype=x.dtype, device=x.device)
     block_d = min(triton.next_power_of_2(d), 1024)
     grid = (triton.cdiv(num_ranks * 2 * c, _BLOCK_ROWS),)
     _pcp_shard_kernel[grid](x, out, t, num_ranks, c, d, BLOCK_ROWS=_BLOCK_ROWS, BLOCK_D=block_d)
     return out
 
 
-def pcp_unshard(shards: torch.Tensor, num_tokens: int) -> torch.Tensor:
+def pcp_unshard(shards: torch.Tensor, num_tokens: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of :func:`pcp_unshard_reference`."""
     shards = shards.contiguous()
     num_ranks, two_c, d = shards.shape
     assert two_c == 2 * pcp_chunk_size(num_tokens, num_ranks)
-    out = torch.empty((num_tokens, d), dtype=shards.dtype, device=shards.device)
+    if out is None:
+        out = torch.empty((num_tokens, d), dtype=shards.dtype, device=shards.device)
     block_d = min(triton.next_power_of_2(d), 1024)
     grid = (triton.cdiv(num_tokens, _BLOCK_ROWS),)
     _pcp_unshard_kernel[grid](shards, out, num_tokens, num_ranks, two_c // 2, d, BLOCK_ROWS=_BLOCK_ROWS, BLOCK_D=block_d)
@@ -150,10 +151,13 @@ def _dcp_local_positions_kernel(ids_ptr, out_ptr, n, rank, num_ranks, interleave
     tl.store(out_ptr + offs, tl.where((owner == rank) & (t >= 0), local, -1), mask=mask)
 
 
-def dcp_local_positions(token_ids: torch.Tensor, rank: int, num_ranks: int, interleave: int = 1) -> torch.Tensor:
+def dcp_local_positions(
+    token_ids: torch.Tensor, rank: int, num_ranks: int, interleave: int = 1, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Triton version of :func:`dcp_local_positions_reference` (any shape, int32/int64)."""
     ids = token_ids.contiguous()
-    out = torch.empty_like(ids)
+    if out is None:
+        out = torch.empty_like(ids)
     block = 1024
     _dcp_local_positions_kernel[(triton.cdiv(ids.numel(), block),)](
         ids, out, ids.numel(), rank, num_ranks, interleave, BLOCK=block

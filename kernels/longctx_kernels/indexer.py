@@ -101,12 +101,13 @@ def _fill_neg_inf_tail_kernel(out_ptr, seq_lens_ptr, max_len, BLOCK: tl.constexp
 
 def indexer_logits(
     q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len: int,
-    pages_per_prog: int = 4, num_warps: int = 4,
+    pages_per_prog: int = 4, num_warps: int = 4, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of :func:`indexer_logits_reference` (GPU path needs sm_89+ for fp8 MMA)."""
     batch, heads, dim = q_fp8.shape
     block_size = k_fp8.shape[1]
-    out = torch.empty((batch, max_len), dtype=torch.float32, device=q_fp8.device)
+    if out is None:
+        out = torch.empty((batch, max_len), dtype=torch.float32, device=q_fp8.device)
     grid = (batch, triton.cdiv(triton.cdiv(max_len, block_size), pages_per_prog))
     _indexer_logits_kernel[grid](
         q_fp8.view(torch.uint8), weights.float().contiguous(), k_fp8.view(torch.uint8), k_scale,
@@ -173,10 +174,14 @@ def _radix_topk_kernel(
         tl.store(out_ptr + b * K + slot, -1, mask=(slot >= k_eff) & (slot < K))
 
 
-def radix_topk(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, block: int = 4096, num_warps: int = 16) -> torch.Tensor:
+def radix_topk(
+    logits: torch.Tensor, seq_lens: torch.Tensor, k: int, block: int = 4096, num_warps: int = 16,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Triton version of :func:`topk_reference` (int32 ids, unordered)."""
     batch, max_len = logits.shape
-    out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
+    if out is None:
+        out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
     _radix_topk_kernel[(batch,)](logits.contiguous(), seq_lens, out, max_len, K=k, BLOCK=block, num_warps=num_warps)
     return out
 

@@ -106,14 +106,18 @@ def lse_merge(
     base_e: bool = True,
     out_dtype: torch.dtype | None = None,
     block_h: int = 4,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton merge; same contract as :func:`lse_merge_reference`."""
+    """Triton merge; same contract as :func:`lse_merge_reference` (`out`/`out_lse` may be given)."""
     num_ranks, B, H, D = partial_out.shape
     assert partial_lse.shape == (num_ranks, B, H)
     assert partial_out.stride(-1) == 1
     partial_lse = partial_lse.contiguous()
-    out = torch.empty((B, H, D), dtype=out_dtype or partial_out.dtype, device=partial_out.device)
-    out_lse = torch.empty((B, H), dtype=torch.float32, device=partial_out.device)
+    if out is None:
+        out = torch.empty((B, H, D), dtype=out_dtype or partial_out.dtype, device=partial_out.device)
+    if out_lse is None:
+        out_lse = torch.empty((B, H), dtype=torch.float32, device=partial_out.device)
     block_d = min(triton.next_power_of_2(D), 512)
     grid = (B, triton.cdiv(H, block_h))
     _lse_merge_kernel[grid](

@@ -177,6 +177,8 @@ def sparse_mla_decode(
     block_k: int = 64,
     num_warps: int = 8,
     num_stages: int = 2,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`sparse_mla_decode_reference`.
 
@@ -197,13 +199,15 @@ def sparse_mla_decode(
     args = dict(BLOCK_H=block_h, BLOCK_K=block_k, DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
     qk_scale_log2 = sm_scale / math.log(2.0)
     if num_splits == 1:
-        out = torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
-        _sparse_mla_decode_kernel[grid](q, *views, topk_slots, out, lse, batch, heads, k, k_per_split,
+        if out is None:
+            out = torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
+        if out_lse is None:
+            out_lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
+        _sparse_mla_decode_kernel[grid](q, *views, topk_slots, out, out_lse, batch, heads, k, k_per_split,
                                         qk_scale_log2, SPLIT_OUTPUT=False, **args)
-        return out, lse
+        return out, out_lse
     part = torch.empty((num_splits, batch, heads, LATENT), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
     _sparse_mla_decode_kernel[grid](q, *views, topk_slots, part, part_lse, batch, heads, k, k_per_split,
                                     qk_scale_log2, SPLIT_OUTPUT=True, **args)
-    return lse_merge(part, part_lse, out_dtype=torch.bfloat16)
+    return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)
