@@ -441,6 +441,10 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
                         f"spec.prefill.contextParallel.decode to {n} (the smallest decode "
                         f"context parallelism that fits: {_gib(kv_bytes_per_gpu(bpt, tokens, trial))}"
                         f" GiB per GPU) and spec.prefill.dataParallel to {dp}")
+            if layout.prefillContextParallel > n:
+                refusal += (f" (or keep PCP{layout.prefillContextParallel} and set "
+                            "spec.prefill.contextParallel.decode to "
+                            f"{layout.prefillContextParallel})")
             refusal += (", or lower spec.maxContextTokens to at most "
                         f"{_max_tokens(bpt, budget, layout)}.")
         else:
