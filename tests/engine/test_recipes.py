@@ -1,0 +1,295 @@
+"""Unit tests of the prefill/decode recipes (no vLLM needed; see tests/contract for vLLM)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from longctx_engine import recipes
+from longctx_engine.quantity import GiB
+from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, PodIdentity, RecipeError,
+                                    build_command, engine_ports, host_memory_bytes,
+                                    ranks_per_pod, shm_bytes)
+from tests.contract.variants import REPO, pod, spec_with
+
+TARGET_PREFILL = (
+    "vllm serve zai-org/GLM-5.3-FP8 --served-model-name glm-5.3 --port 8000 "
+    "--tensor-parallel-size 1 --prefill-context-parallel-size 8 "
+    "--decode-context-parallel-size 8 --dcp-comm-backend ag_rs --enable-expert-parallel "
+    "--attention-config '{\"sparse_mla_force_mqa\": true}' --kv-cache-dtype fp8_ds_mla "
+    "--max-model-len 1048576 "
+    "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
+    "--kv-transfer-config '{\"kv_connector\":\"MultiConnector\",\"kv_role\":\"kv_producer\","
+    "\"kv_connector_extra_config\":{\"connectors\":[{\"kv_connector\":\"NixlConnector\","
+    "\"kv_role\":\"kv_producer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"]}},"
+    "{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\","
+    "\"kv_connector_extra_config\":{\"cpu_bytes_to_use\":549755813888}}]}}'")
+
+TARGET_DECODE = (
+    "vllm serve zai-org/GLM-5.3-FP8 --served-model-name glm-5.3 --port 8200 "
+    "--tensor-parallel-size 1 --data-parallel-size 8 --data-parallel-size-local 8 "
+    "--data-parallel-multi-port-external-lb --data-parallel-supervisor-port 8208 "
+    "--enable-expert-parallel --kv-cache-dtype fp8_ds_mla --max-model-len 1048576 "
+    "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
+    "--kv-transfer-config '{\"kv_connector\":\"MultiConnector\",\"kv_role\":\"kv_consumer\","
+    "\"kv_connector_extra_config\":{\"connectors\":[{\"kv_connector\":\"NixlConnector\","
+    "\"kv_role\":\"kv_consumer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"]}},"
+    "{\"kv_connector\":\"HiSparseConnector\",\"kv_role\":\"kv_consumer\","
+    "\"kv_connector_extra_config\":{\"host_pool_gib\":48}},"
+    "{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\","
+    "\"kv_connector_extra_config\":{\"cpu_bytes_to_use\":17179869184}}]}}'")
+
+
+def kvt(cmd) -> dict:
+    return json.loads(cmd.argv[cmd.argv.index("--kv-transfer-config") + 1])
+
+
+def test_target_commands_match_the_reference():
+    spec = spec_with()
+    p = build_command(spec, "prefill", pod("prefill"))
+    d = build_command(spec, "decode", pod("decode"))
+    assert p.shell() == TARGET_PREFILL
+    assert d.shell() == TARGET_DECODE
+    assert p.argv[:3] == ["vllm", "serve", "zai-org/GLM-5.3-FP8"]
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.0.7"
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert p.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"
+    assert d.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.1.7"
+
+
+def test_never_generates_what_the_reference_marks_broken():
+    spec = spec_with()
+    for role in ("prefill", "decode"):
+        cmd = build_command(spec, role, pod(role))
+        text = " ".join(cmd.argv)
+        assert "--kv-offloading-size" not in text
+        assert "engine_id" not in text
+        assert "--enable-dbo" not in text
+        assert "expandable_segments" not in json.dumps(cmd.env)
+        assert cmd.env.get("VLLM_USE_V2_MODEL_RUNNER") != "0"
+
+
+def test_dp8_prefill_baseline():
+    spec = spec_with(lambda d: d["prefill"].update(
+        dataParallel=8, contextParallel={"prefill": 1, "decode": 1}, cpuOffloadPerRank="64Gi"))
+    cmd = build_command(spec, "prefill", pod("prefill"))
+    a = cmd.argv
+    assert "--prefill-context-parallel-size" not in a and "--dcp-comm-backend" not in a
+    assert a[a.index("--data-parallel-size") + 1] == "8"
+    assert a[a.index("--data-parallel-size-local") + 1] == "8"
+    assert "--data-parallel-multi-port-external-lb" in a
+    assert "--data-parallel-start-rank" not in a
+    off = kvt(cmd)["kv_connector_extra_config"]["connectors"][1]
+    assert off["kv_connector_extra_config"]["cpu_bytes_to_use"] == 64 * GiB
+    ports = engine_ports(spec, "prefill")
+    assert ports.http == list(range(8000, 8008)) and ports.supervisor == 8008
+    assert ports.nixl == list(range(5600, 5608)) and ports.router == []
+    assert shm_bytes(spec, "prefill") >= 8 * 64 * GiB
+
+
+def test_offload_only_decode_has_no_hisparse():
+    spec = spec_with(lambda d: d["decode"].update(hiSparse={"enabled": False}))
+    cmd = build_command(spec, "decode", pod("decode"))
+    names = [c["kv_connector"] for c in kvt(cmd)["kv_connector_extra_config"]["connectors"]]
+    assert names == ["NixlConnector", "OffloadingConnector"]
+    assert host_memory_bytes(spec, "decode") < host_memory_bytes(spec_with(), "decode")
+
+
+def test_no_offload_gives_plain_nixl():
+    spec = spec_with(lambda d: (d["decode"].update(hiSparse={"enabled": False},
+                                                   cpuOffloadPerRank=0)))
+    assert kvt(build_command(spec, "decode", pod("decode")))["kv_connector"] == "NixlConnector"
+
+
+def test_decode_dp_across_pods():
+    spec = spec_with(lambda d: d["decode"].update(dataParallel=16, replicas=4))
+    for ordinal, start, leader in ((0, 0, 0), (1, 8, 0), (2, 0, 2), (3, 8, 2)):
+        cmd = build_command(spec, "decode", pod("decode", ordinal))
+        a = cmd.argv
+        assert a[a.index("--data-parallel-size") + 1] == "16"
+        assert a[a.index("--data-parallel-size-local") + 1] == "8"
+        assert a[a.index("--data-parallel-start-rank") + 1] == str(start)
+        assert a[a.index("--data-parallel-address") + 1] == \
+            f"glm-decode-{leader}.glm-decode.llm.svc"
+        assert a[a.index("--data-parallel-rpc-port") + 1] == str(recipes.DP_RPC_PORT)
+        # NIXL ports stay 5600..5607 on every pod: base shifted by the start rank
+        assert int(cmd.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) + start == 5600
+    assert engine_ports(spec, "decode").dp_rpc == recipes.DP_RPC_PORT
+
+
+def test_one_rank_per_pod_uses_external_dp_rank():
+    spec = spec_with(lambda d: d["decode"].update(tensorParallel=8, dataParallel=2, replicas=2))
+    a = build_command(spec, "decode", pod("decode", 1)).argv
+    assert a[a.index("--data-parallel-rank") + 1] == "1"
+    assert a[a.index("--data-parallel-size-local") + 1] == "1"
+    assert "--data-parallel-multi-port-external-lb" not in a
+    assert engine_ports(spec, "decode").http == [8200]
+    assert engine_ports(spec, "decode").supervisor is None
+
+
+def test_ports_and_sizes_for_the_example():
+    spec = spec_with()
+    assert ranks_per_pod(spec, "prefill") == 1 and ranks_per_pod(spec, "decode") == 8
+    p, d = engine_ports(spec, "prefill"), engine_ports(spec, "decode")
+    assert (p.http, p.supervisor, p.nixl, p.router, p.dp_rpc) == ([8000], None, [5600], [], None)
+    assert d.http == list(range(8200, 8208)) and d.supervisor == 8208 and d.health == 8208
+    assert d.nixl == list(range(5600, 5608)) and d.router == list(range(8000, 8008))
+    assert shm_bytes(spec, "prefill") == 512 * GiB + 4 * GiB + 8 * GiB
+    assert shm_bytes(spec, "decode") == 8 * 16 * GiB + 12 * GiB
+    # decode: 8 x (48 HiSparse + 16 offload) + 8 x 12 worker + 8 x 4 rank + 16 pod
+    assert host_memory_bytes(spec, "decode") == (8 * 64 + 96 + 32 + 16) * GiB
+    assert host_memory_bytes(spec, "prefill") == (512 + 96 + 4 + 16) * GiB
+
+
+def test_hisparse_device_buffer_and_fractional_pool():
+    spec = spec_with(lambda d: d["decode"]["hiSparse"].update(deviceBufferSize=10240,
+                                                             hostPoolPerRank="1.5Gi"))
+    cmd = build_command(spec, "decode", pod("decode"))
+    att = json.loads(cmd.argv[cmd.argv.index("--attention-config") + 1])
+    assert att == {"hisparse_config": {"device_buffer_size": 10240}}
+    hs = kvt(cmd)["kv_connector_extra_config"]["connectors"][1]
+    assert hs["kv_connector_extra_config"]["host_pool_gib"] == 1.5
+
+
+def test_extra_args_come_last():
+    spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "64"]}))
+    assert build_command(spec, "decode", pod("decode")).argv[-2:] == ["--max-num-seqs", "64"]
+
+
+@pytest.mark.parametrize("arg,field", [
+    (["--port", "9000"], "not configurable"),
+    (["--port=9000"], "not configurable"),
+    (["--tensor_parallel_size", "2"], "spec.decode.tensorParallel"),
+    (["-tp", "2"], "spec.decode.tensorParallel"),
+    (["-tp=2"], "spec.decode.tensorParallel"),
+    (["--max-model-len=4096"], "spec.maxContextTokens"),
+    (["--kv-cache-dtype", "auto"], "spec.engine.kvCacheDtype"),
+    (["--no-enable-expert-parallel"], "spec.decode.expertParallel"),
+    (["--disable-expert-parallel"], "spec.decode.expertParallel"),
+    (["--attention-config.sparse_mla_force_mqa", "false"], "attention"),
+    (["-sc", "{}"], "spec.engine.speculative"),
+    (["--spec-tokens", "2"], "spec.engine.speculative.draftTokens"),
+    (["--kv-transfer-config", "{}"], "spec.kvTransfer"),
+    (["--data-parallel-size-local", "4"], "gpusPerPod"),
+    (["--served_model_name", "x"], "spec.model.servedName"),
+])
+def test_extra_args_colliding_with_managed_flags_are_refused(arg, field):
+    spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "8",
+                                                                        *arg]}))
+    with pytest.raises(RecipeError) as e:
+        build_command(spec, "decode", pod("decode"))
+    msg = str(e.value)
+    assert "spec.engine.extraArgs.decode[2]" in msg and field in msg
+    assert "remove it" in msg
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d["prefill"]["contextParallel"].update(commBackend="a2a"),
+     "spec.prefill.contextParallel.commBackend"),
+    (lambda d: d["decode"].update(tensorParallel=2, dataParallel=4,
+                                  contextParallel={"decode": 2}),
+     "spec.decode.contextParallel.decode to 1 or spec.decode.hiSparse.enabled to false"),
+    (lambda d: d["decode"].update(pipelineParallel=2, dataParallel=4),
+     "HiSparse does not support pipeline"),
+    (lambda d: d["decode"].update(contextParallel={"prefill": 2}, dataParallel=4),
+     "spec.decode.contextParallel.prefill must be 1"),
+    (lambda d: d["prefill"].update(contextParallel={"prefill": 8, "decode": 4}),
+     "contextParallel.decode"),
+    (lambda d: d["engine"].update(kvCacheDtype="auto"), "set kvCacheDtype to fp8"),
+    (lambda d: d["decode"].update(dataParallel=12), "spec.decode.dataParallel"),
+    (lambda d: d["decode"].update(gpusPerPod=8, tensorParallel=16), "gpusPerPod"),
+    (lambda d: d["decode"].update(dataParallel=16, replicas=3), "spec.decode.replicas"),
+    (lambda d: d["engine"].update(extraArgs={"prefill": ["--kv-offloading-size", "64"]}),
+     "spec.prefill.cpuOffloadPerRank"),
+    (lambda d: d["engine"].update(extraArgs={"prefill": ["--kv-offloading-backend=native"]}),
+     "replaces the NIXL KV connector"),
+    (lambda d: d["engine"].update(extraArgs={"decode": ["--enable-dbo"]}), "dual batch overlap"),
+    (lambda d: d["engine"].update(extraArgs={"prefill": ["--ubatch-size", "2"]}),
+     "dual batch overlap"),
+    (lambda d: d["engine"].update(extraArgs={"decode": ["--no-scheduler-reserve-full-isl"]}),
+     "--scheduler-reserve-full-isl"),
+    (lambda d: d["engine"].update(extraArgs={"decode": ["-cc", '{"cudagraph_mode": "FULL"}']}),
+     "HiSparse"),
+    (lambda d: d["engine"].update(extraArgs={"prefill": ["--enable-return-routed-experts"]}),
+     "context parallelism"),
+    (lambda d: d["engine"].update(extraArgs={"prefill": ["--no-enable-hybrid-kv-cache-manager"]}),
+     "hybrid KV cache manager"),
+])
+def test_known_bad_combinations_are_refused(edit, needle):
+    spec = spec_with(edit)
+    with pytest.raises(RecipeError) as e:
+        recipes.validate(spec)
+    assert needle in str(e.value)
+
+
+def test_allowed_extra_args_pass():
+    spec = spec_with(lambda d: d["engine"].update(extraArgs={
+        "decode": ["--enable-hybrid-kv-cache-manager", "-cc.cudagraph_mode=FULL_DECODE_ONLY",
+                   "--kv-events-config", '{"enable_kv_cache_events": true}'],
+        "prefill": ["--gpu-memory-utilization", "0.9"]}))
+    recipes.validate(spec)
+
+
+def test_bad_role():
+    with pytest.raises(RecipeError, match="role"):
+        build_command(spec_with(), "encode", pod("decode"))
+
+
+def test_pod_identity_from_env():
+    env = {"POD_NAME": "glm-decode-3", "POD_NAMESPACE": "prod", "POD_IP": "10.0.0.9"}
+    p = PodIdentity.from_env("glm", "default", "decode", env)
+    assert (p.pod_name, p.namespace, p.ordinal, p.pod_ip) == ("glm-decode-3", "prod", 3,
+                                                               "10.0.0.9")
+    with pytest.raises(RecipeError, match="POD_IP"):
+        PodIdentity.from_env("glm", "default", "decode", {"POD_NAME": "glm-decode-0"})
+    with pytest.raises(RecipeError, match="ordinal"):
+        PodIdentity.from_env("glm", "default", "decode", {"POD_NAME": "glm", "POD_IP": "1.2.3.4"})
+    loose = PodIdentity.from_env("glm", "ns", "prefill", {}, strict=False)
+    assert (loose.pod_name, loose.ordinal, loose.namespace) == ("glm-prefill-0", 0, "ns")
+
+
+def test_pvc_model_is_linked_not_renamed():
+    cmd = build_command(spec_with(), "decode", pod("decode"))
+    assert cmd.argv[2] == "zai-org/GLM-5.3-FP8"
+    assert cmd.symlinks == {"zai-org/GLM-5.3-FP8": "/models"} and cmd.workdir
+    hf = spec_with(lambda d: d["model"].update(source={"huggingFace": {}}))
+    cmd = build_command(hf, "decode", pod("decode"))
+    assert cmd.workdir is None and "HF_HUB_OFFLINE" not in cmd.env
+
+
+def test_container_command_is_the_console_script():
+    assert ENGINE_CONTAINER_COMMAND == ["longctx-engine", "run"]
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'longctx-engine = "longctx_engine.entrypoint:main"' in text
+
+
+def test_engine_package_imports_neither_vllm_nor_torch():
+    code = ("import sys; import longctx_engine.recipes, longctx_engine.compat, "
+            "longctx_engine.precheck, longctx_engine.entrypoint, longctx_engine.engine_config; "
+            "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(REPO / "engine")})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_operator_package_imports_neither_vllm_nor_torch():
+    """Importing the operator package (and what it imports) loads neither vllm nor torch."""
+    mods = sorted(p.stem for p in (REPO / "operator" / "longctx_operator").glob("*.py"))
+    imports = "; ".join(f"import longctx_operator.{m}" for m in mods if m != "__main__")
+    code = (f"import sys; import longctx_operator; {imports}; "
+            "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    path = ":".join(str(REPO / d) for d in ("engine", "operator"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": path})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_shell_quoting_round_trips():
+    cmd = build_command(spec_with(), "prefill", pod("prefill"))
+    assert shlex.split(cmd.shell()) == cmd.argv
