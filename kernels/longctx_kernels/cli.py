@@ -1,0 +1,147 @@
+"""``longctx-kernels preflight``: is this node fit to serve?
+
+Checks, each against a threshold (options below, defaults for an H200 SXM node):
+HBM copy bandwidth, pinned host-to-device bandwidth, an NCCL all-gather over the
+visible GPUs, one Triton kernel's correctness (sparse MLA decode against its
+PyTorch reference), and a NIXL READ between two agents over UCX (GPU memory
+when CUDA is available, host memory otherwise).
+
+Exit codes:
+  0  every check that could run passed (a 1-GPU node skips the all-gather);
+  1  a check failed: do not serve on this node;
+  2  no GPU is visible: the host-memory NIXL check ran (and passed), the GPU
+     checks could not. ``--allow-no-gpu`` turns this into 0 (CPU-only CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from dataclasses import dataclass
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    threshold: str
+    verdict: str
+    note: str = ""
+
+
+def _run(name: str, threshold: str, fn) -> Check:
+    """fn() -> (value text, passed, note); any exception is a FAIL with its message."""
+    try:
+        value, passed, note = fn()
+        return Check(name, value, threshold, PASS if passed else FAIL, note)
+    except Exception as exc:  # a check that crashes is a failed check, not a crashed preflight
+        return Check(name, "-", threshold, FAIL, f"{type(exc).__name__}: {exc}".splitlines()[0][:160])
+
+
+def _kernel_check():
+    import torch
+
+    from .sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cache = pack_fp8_ds_mla_rows(torch.randn(64 * 64, 576, device="cuda", generator=gen)).reshape(64, 64, 656)
+    q = torch.randn(4, 64, 576, device="cuda", generator=gen).bfloat16()
+    slots = torch.randint(0, 64 * 64, (4, 2048), device="cuda", generator=gen, dtype=torch.int32)
+    out = torch.full((4, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    sparse_mla_decode(q, cache, slots, 576**-0.5, num_splits=4, out=out)
+    ref, _ = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    return f"rel err {err:.1e}", err < 1e-2, "sparse MLA decode vs PyTorch reference"
+
+
+def preflight(args: argparse.Namespace) -> int:
+    checks: list[Check] = []
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        from . import measure
+
+        gpus = torch.cuda.device_count()
+        name = torch.cuda.get_device_name(0)
+        print(f"node: {gpus} x {name}, torch {torch.__version__}")
+        def hbm():
+            bw = measure.hbm_copy_bandwidth() / 1e12
+            return f"{bw:.2f} TB/s", bw >= args.min_hbm_tbs, "2 GiB device copy, read+write"
+
+        def h2d():
+            bw = measure.pinned_copy_bandwidth() / 1e9
+            return f"{bw:.1f} GB/s", bw >= args.min_h2d_gbs, "1 GiB pinned host -> device"
+
+        checks.append(_run("HBM copy bandwidth", f">= {args.min_hbm_tbs} TB/s", hbm))
+        checks.append(_run("pinned H2D bandwidth", f">= {args.min_h2d_gbs} GB/s", h2d))
+        if gpus < 2:
+            checks.append(Check("NCCL all-gather", "-", f">= {args.min_allgather_gbs} GB/s", SKIP,
+                                "only 1 GPU visible: nothing to gather across"))
+        else:
+            def all_gather():
+                ok, bus, ms = measure.all_gather_bandwidth()
+                return (f"{bus / 1e9:.0f} GB/s bus", ok and bus / 1e9 >= args.min_allgather_gbs,
+                        f"{gpus} GPUs, 64 MiB/rank, {ms:.3f} ms, data {'correct' if ok else 'WRONG'}")
+            checks.append(_run("NCCL all-gather", f">= {args.min_allgather_gbs} GB/s", all_gather))
+        checks.append(_run("Triton kernel correctness", "rel err < 1e-2", _kernel_check))
+    else:
+        print("node: no CUDA GPU visible: GPU checks (HBM, H2D, all-gather, kernel) were not possible")
+    device = "cuda" if has_gpu else "cpu"
+    min_nixl = args.min_nixl_vram_gbs if has_gpu else args.min_nixl_dram_gbs
+
+    def nixl():
+        from .nixl_check import nixl_two_agent_transfer
+
+        r = nixl_two_agent_transfer(num_bytes=args.nixl_mib << 20, device=device)
+        return (f"{r.gbytes_per_s:.1f} GB/s", r.bit_exact and r.gbytes_per_s >= min_nixl,
+                f"UCX READ {args.nixl_mib} MiB {r.memory}, {'bit-exact' if r.bit_exact else 'DATA MISMATCH'}")
+    checks.append(_run(f"NIXL 2-agent transfer ({'VRAM' if has_gpu else 'DRAM'})", f">= {min_nixl} GB/s", nixl))
+
+    _print_table(checks)
+    if any(c.verdict == FAIL for c in checks):
+        print("verdict: BAD NODE (exit 1)")
+        return 1
+    if not has_gpu:
+        code = 0 if args.allow_no_gpu else 2
+        print(f"verdict: host checks passed; GPU checks not possible (exit {code})")
+        return code
+    print("verdict: GOOD NODE (exit 0)")
+    return 0
+
+
+def _print_table(checks: list[Check]) -> None:
+    headers = ("check", "value", "threshold", "verdict", "note")
+    rows = [(c.name, c.value, c.threshold, c.verdict, c.note) for c in checks]
+    widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
+    for row in [headers, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="longctx-kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("preflight", help="check this node before serving (see module doc for exit codes)")
+    p.add_argument("--min-hbm-tbs", type=float, default=3.5, help="HBM copy TB/s (H200 measures ~4.2)")
+    p.add_argument("--min-h2d-gbs", type=float, default=40.0, help="pinned H2D GB/s (PCIe Gen5 x16 ~55)")
+    p.add_argument("--min-allgather-gbs", type=float, default=100.0, help="NCCL all-gather bus GB/s (NVLink)")
+    p.add_argument("--min-nixl-vram-gbs", type=float, default=5.0, help="NIXL GPU-memory READ GB/s")
+    p.add_argument("--min-nixl-dram-gbs", type=float, default=0.5, help="NIXL host-memory READ GB/s")
+    p.add_argument("--nixl-mib", type=int, default=256, help="NIXL transfer size in MiB")
+    p.add_argument("--allow-no-gpu", action="store_true", help="exit 0 instead of 2 when no GPU is visible")
+    args = parser.parse_args(argv)
+    try:
+        return preflight(args)
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Node ceilings measured with CUDA events: HBM copy, pinned PCIe copies, NCCL all-gather."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+from typing import Callable
+
+import torch
+
+
+def median_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
+    """Median CUDA-event time of fn() in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def hbm_copy_bandwidth(num_bytes: int = 2 << 30, iters: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), iters)
+    return 2 * num_bytes / (ms * 1e-3)
+
+
+def pinned_copy_bandwidth(num_bytes: int = 1 << 30, to_device: bool = True, iters: int = 10) -> float:
+    """Pinned host <-> device copy bytes per second (one direction)."""
+    host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    if to_device:
+        ms = median_ms(lambda: dev.copy_(host, non_blocking=True), iters)
+    else:
+        ms = median_ms(lambda: host.copy_(dev, non_blocking=True), iters)
+    return num_bytes / (ms * 1e-3)
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _all_gather_worker(rank: int, world: int, port: int, num_bytes: int, results) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        n = num_bytes // 4
+        mine = torch.full((n,), float(rank + 1), device="cuda")
+        gathered = torch.empty(world * n, device="cuda")
+        ms = median_ms(lambda: dist.all_gather_into_tensor(gathered, mine), iters=10)
+        expected = torch.arange(1, world + 1, device="cuda", dtype=torch.float32).repeat_interleave(n)
+        ok = bool(torch.equal(gathered, expected))
+        if rank == 0:
+            # NCCL "bus bandwidth" of all-gather: each rank receives (world-1)/world of the output.
+            results.put((ok, world * num_bytes * (world - 1) / world / (ms * 1e-3), ms))
+    finally:
+        dist.destroy_process_group()
+
+
+def all_gather_bandwidth(num_bytes: int = 64 << 20) -> tuple[bool, float, float]:
+    """NCCL all-gather over all visible GPUs, one process each: (correct, bus B/s, median ms)."""
+    import torch.multiprocessing as mp
+
+    # NVLink multicast (NVLS) stays off: on shared hosts it can take GPUs out of service.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    world = torch.cuda.device_count()
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_all_gather_worker, args=(world, _free_loopback_port(), num_bytes, results),
+                       nprocs=world, start_method="spawn")
+    return results.get()
