@@ -8,7 +8,8 @@ The operator renders it into ConfigMap `<cr>-engine`, key `engine.yaml`, mounted
     spec: {...}            # dump_spec(spec)
 
 `read_engine_config` also accepts, for convenience outside a cluster, a ConfigMap manifest
-holding that key, or a LongContextDeployment manifest (e.g. examples/glm-5.3-1m.yaml).
+holding that key, a LongContextDeployment manifest (e.g. examples/glm-5.3-1m.yaml), or a
+multi-document stream with exactly one of those (the output of `longctx render`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,17 @@ def render_engine_config(cr_name: str, namespace: str, spec: LongContextDeployme
 
 def parse_engine_config(text: str, source: str = "<config>") -> EngineConfig:
     try:
-        doc = yaml.safe_load(text)
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
         raise EngineConfigError(f"{source}: not valid YAML: {e}") from e
+    if len(docs) > 1:   # e.g. the whole output of `longctx render`
+        docs = [d for d in docs if isinstance(d, dict) and (
+            d.get("kind") == KIND or (d.get("kind") == "ConfigMap"
+                                      and CONFIG_KEY in (d.get("data") or {})))]
+        if len(docs) != 1:
+            raise EngineConfigError(f"{source}: expected exactly one ConfigMap with key "
+                                    f"{CONFIG_KEY!r} or one {KIND} among its documents")
+    doc = docs[0] if docs else None
     if not isinstance(doc, dict):
         raise EngineConfigError(f"{source}: expected a mapping with name, namespace and spec")
     if doc.get("kind") == "ConfigMap":

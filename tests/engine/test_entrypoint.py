@@ -121,3 +121,16 @@ def test_cli_dry_run_for_the_example():
         assert r.returncode == 0, r.stderr
         assert "vllm serve zai-org/GLM-5.3-FP8" in r.stdout
         assert "--kv-transfer-config" in r.stdout
+
+
+def test_engine_config_from_longctx_render_stream(config):
+    import yaml
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-engine"},
+          "data": {CONFIG_KEY: open(config).read()}}
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-epp"},
+             "data": {"x": "y"}}
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "glm-decode"}}
+    cfg = parse_engine_config(yaml.safe_dump_all([sts, other, cm, None]))
+    assert (cfg.cr_name, cfg.namespace) == ("glm", "llm")
+    with pytest.raises(EngineConfigError, match="exactly one"):
+        parse_engine_config(yaml.safe_dump_all([cm, cm]))
