@@ -1,0 +1,307 @@
+"""Kernel benchmark on one H200 (plus the DCP all-gather overlap on 2 GPUs when present).
+
+For every kernel: correctness against its PyTorch reference at the full shape,
+then the median of CUDA-event timings, printed next to its physical floor for
+that shape (bytes over the HBM/PCIe bandwidth measured in this same run, FLOPs
+over the bf16 matmul rate measured in this run) and the fraction achieved
+(floor / time). Run:  PYTHONPATH=kernels python3 benchmarks/kernels_bench.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from longctx_kernels import measure
+from longctx_kernels.cp_sharding import dcp_local_positions, dcp_local_positions_reference, pcp_shard, pcp_shard_reference, pcp_unshard
+from longctx_kernels.hisparse import gather_rows
+from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk
+from longctx_kernels.lse_merge import lse_merge, lse_merge_reference
+from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_reference
+
+ROWS: list[dict] = []
+CEIL: dict[str, float] = {}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float("inf") if torch.isnan(a).any() else ((a - b).norm() / b.norm()).item()
+
+
+def row(kernel, shape, ms, bytes_=0.0, flops=0.0, link="HBM", check="", note=""):
+    bw = CEIL["pcie_h2d"] if link == "PCIe" else CEIL["hbm"]
+    t_bytes = bytes_ / bw * 1e6
+    t_flops = flops / CEIL["bf16"] * 1e6
+    floor = max(t_bytes, t_flops)
+    bound = link if t_bytes >= t_flops else "bf16 MMA"
+    r = dict(kernel=kernel, shape=shape, time_us=ms * 1e3, floor_us=floor, bound=bound,
+             fraction=floor / (ms * 1e3), check=check, note=note)
+    ROWS.append(r)
+    print(f"  {kernel:28s} {shape:40s} {ms*1e3:9.1f} us  floor {floor:8.1f} us ({bound})  "
+          f"{r['fraction']*100:5.1f}%  {check}  {note}", flush=True)
+    return r
+
+
+def best(configs, make_fn):
+    """Time every config; return (best ms, best config)."""
+    results = []
+    for cfg in configs:
+        try:
+            ms = measure.median_ms(make_fn(cfg), iters=30, warmup=3)
+            results.append((ms, cfg))
+            print(f"    config {cfg}: {ms*1e3:.1f} us", flush=True)
+        except Exception as exc:
+            print(f"    config {cfg}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
+    return min(results, key=lambda x: x[0])
+
+
+def bench_ceilings():
+    CEIL["hbm"] = measure.hbm_copy_bandwidth(4 << 30)
+    CEIL["pcie_h2d"] = measure.pinned_copy_bandwidth(2 << 30, to_device=True)
+    CEIL["pcie_d2h"] = measure.pinned_copy_bandwidth(2 << 30, to_device=False)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    CEIL["bf16"] = 2 * 8192**3 / (measure.median_ms(lambda: a @ b) * 1e-3)
+    del a, b
+    CEIL["launch_us"] = 1e3 * measure.median_ms(lambda: torch.empty(1, device="cuda").fill_(1.0), iters=50)
+    print(f"ceilings: HBM copy {CEIL['hbm']/1e12:.2f} TB/s, pinned H2D {CEIL['pcie_h2d']/1e9:.1f} GB/s, "
+          f"D2H {CEIL['pcie_d2h']/1e9:.1f} GB/s, bf16 matmul {CEIL['bf16']/1e12:.0f} TFLOP/s, "
+          f"1-element kernel (launch + event) {CEIL['launch_us']:.1f} us", flush=True)
+
+
+def bench_lse_merge():
+    for n, b, h in [(8, 64, 8), (2, 64, 64), (8, 8, 8)]:
+        d = 512
+        part = torch.randn(n, b, h, d, device="cuda").bfloat16()
+        lse = torch.randn(n, b, h, device="cuda") * 3
+        lse[0, :, 0] = -math.inf
+        out = torch.full((b, h, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse_merge(part, lse, out=out)
+        err = rel_err(out, lse_merge_reference(part, lse)[0])
+        ms, cfg = best([1, 2, 4, 8], lambda bh: (lambda: lse_merge(part, lse, block_h=bh, out=out)))
+        bytes_ = n * b * h * (2 * d + 4) + b * h * (2 * d + 4)
+        row("lse_merge (DCP combine)", f"N={n} B={b} H={h} D={d} bf16", ms, bytes_, 4 * n * b * h * d,
+            check=f"err {err:.1e}", note=f"block_h={cfg}; 1-elt kernel {CEIL['launch_us']:.1f} us")
+
+
+def bench_cp_sharding():
+    t, n = 131072, 8
+    x = torch.randn(t, 576, device="cuda").bfloat16()
+    ok = torch.equal(pcp_shard(x, n), pcp_shard_reference(x, n)) and torch.equal(pcp_unshard(pcp_shard(x, n), t), x)
+    ms = measure.median_ms(lambda: pcp_shard(x, n), iters=30)
+    row("pcp_shard", f"T={t} N={n} row 1152 B", ms, 2 * x.numel() * 2, check="exact" if ok else "WRONG")
+    shards = pcp_shard(x, n)
+    ms = measure.median_ms(lambda: pcp_unshard(shards, t), iters=30)
+    row("pcp_unshard", f"T={t} N={n} row 1152 B", ms, 2 * x.numel() * 2, check="exact" if ok else "WRONG")
+    ids = torch.randint(0, 65536, (64, 2048), device="cuda", dtype=torch.int32)
+    ok = torch.equal(dcp_local_positions(ids, 3, 8), dcp_local_positions_reference(ids, 3, 8))
+    ms = measure.median_ms(lambda: dcp_local_positions(ids, 3, 8), iters=30)
+    row("dcp_local_positions", "B=64 K=2048 N=8", ms, 8 * ids.numel(), check="exact" if ok else "WRONG")
+
+
+def make_indexer_inputs(batch, seq_len, heads, gen):
+    bs = 64
+    pages = seq_len // bs
+    q = torch.randn(batch, heads, 128, device="cuda", generator=gen).to(FP8)
+    w = torch.rand(batch, heads, device="cuda", generator=gen)
+    k = torch.randn(batch * pages, bs, 128, device="cuda", generator=gen).to(FP8)
+    ks = torch.rand(batch * pages, bs, device="cuda", generator=gen) + 0.01
+    table = torch.randperm(batch * pages, device="cuda", generator=gen).int().reshape(batch, pages)
+    lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
+    return q, w, k, ks, table, lens
+
+
+def bench_indexer(gen):
+    batch, seq_len, heads, topk = 64, 65536, 64, 2048
+    q, w, k, ks, table, lens = make_indexer_inputs(batch, seq_len, heads, gen)
+    logits = indexer_logits(q, w, k, ks, table, lens, seq_len)
+    ref = indexer_logits_reference(q, w, k, ks, table, lens, seq_len)
+    err = rel_err(logits, ref)
+    ids = radix_topk(logits, lens, topk)
+    ref_vals = torch.topk(logits, topk, dim=1).values.sort(dim=1).values
+    topk_ok = torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values, ref_vals) and \
+        all(ids[b].unique().numel() == topk for b in range(batch))
+    del ref
+    cfgs = [(p, nw) for p in (2, 4, 8) for nw in (4, 8)]
+    ms, cfg = best(cfgs, lambda c: (lambda: indexer_logits(q, w, k, ks, table, lens, seq_len,
+                                                           pages_per_prog=c[0], num_warps=c[1], out=logits)))
+    key_bytes = batch * seq_len * 132
+    io_bytes = batch * heads * (128 + 4) + 4 * batch * seq_len
+    row("indexer_logits (fp8)", f"B={batch} L=64K H_I={heads}", ms, key_bytes + io_bytes,
+        2 * batch * heads * 128 * seq_len, check=f"err {err:.1e}",
+        note=f"pages/prog,warps={cfg}; FLOP floor at bf16 rate (fp8 is 2x)")
+    ms_t, cfg_t = best([(4096, 16), (8192, 16), (2048, 8)], lambda c: (lambda: radix_topk(logits, lens, topk, c[0], c[1])))
+    row("radix_topk 2048", f"B={batch} L=64K", ms_t, 4 * batch * seq_len + 4 * batch * topk,
+        check="exact set" if topk_ok else "WRONG", note=f"block,warps={cfg_t}; 5 passes over L2-resident logits")
+    ms_torch = measure.median_ms(lambda: torch.topk(logits, topk, dim=1), iters=20)
+    print(f"    (torch.topk on the same logits: {ms_torch*1e3:.1f} us)")
+    ms_all = measure.median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1]),
+                                                  lens, topk, cfg_t[0], cfg_t[1]), iters=30)
+    row("indexer logits + top-k", f"B={batch} L=64K H_I={heads} K={topk}", ms_all,
+        key_bytes + io_bytes + 4 * batch * seq_len, check="", note="DeepGEMM logits alone: 149 us")
+
+
+def bench_sparse_mla(gen):
+    batch, ctx, topk = 64, 65536, 2048
+    pages = ctx // 64
+    num_rows = batch * ctx
+    cache = torch.empty(num_rows, 656, dtype=torch.uint8, device="cuda")
+    for s in range(0, num_rows, 1 << 20):  # pack in slices to bound the fp32 temporaries
+        cache[s : s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, num_rows - s), 576, device="cuda", generator=gen))
+    cache = cache.reshape(batch * pages, 64, 656)
+    # Each request selects 2048 distinct tokens of its own 64K-token context.
+    slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
+    sm_scale = 576**-0.5
+    for heads, cfgs in [
+        (8, [(16, s, nw, st) for s in (2, 4, 8) for nw in (4, 8) for st in (2,)]),
+        (64, [(bh, s, nw, st) for bh in (32, 64) for s in (1, 2) for nw in (4, 8) for st in (1, 2)]),
+    ]:
+        q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
+        out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+        sparse_mla_decode(q, cache, slots, sm_scale, num_splits=cfgs[0][1], block_h=cfgs[0][0], out=out)
+        ref, _ = sparse_mla_decode_reference(q, cache, slots, sm_scale)
+        err = rel_err(out, ref)
+        del ref
+        ms, cfg = best(cfgs, lambda c: (lambda: sparse_mla_decode(q, cache, slots, sm_scale, num_splits=c[1], block_h=c[0],
+                                                                    num_warps=c[2], num_stages=c[3])))
+        bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
+        row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
+            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages={cfg}")
+
+
+def bench_hisparse_gather(gen):
+    pool_rows, misses = 4 << 20, 131072
+    pool = torch.empty(pool_rows, 656, dtype=torch.uint8, pin_memory=True)
+    for s in range(0, pool_rows, 1 << 20):  # random bytes, made on the GPU (a CPU fill of 2.7 GB is slow)
+        pool[s : s + (1 << 20)].copy_(torch.randint(0, 256, (1 << 20, 656), dtype=torch.uint8, device="cuda", generator=gen))
+    hot = torch.full((misses, 656), 0, dtype=torch.uint8, device="cuda")
+    src = torch.randperm(pool_rows, device="cuda", generator=gen)[:misses]
+    dst = torch.randperm(misses, device="cuda", generator=gen)
+    gather_rows(pool, src, hot, dst)
+    ok = torch.equal(hot[dst].cpu(), pool[src.cpu()])
+    cfgs = [(r, nw) for r in (8, 16, 32, 64) for nw in (2, 4, 8)]
+    ms, cfg = best(cfgs, lambda c: (lambda: gather_rows(pool, src, hot, dst, rows_per_prog=c[0], num_warps=c[1])))
+    row("hisparse_gather (UVA)", f"{misses} random 656-B rows of 4M pinned", ms, misses * 656, link="PCIe",
+        check="bit-exact" if ok else "WRONG", note=f"rows/prog,warps={cfg}; target >= 80% of pinned H2D")
+
+
+def _overlap_worker(rank, world, port, results):
+    """Per layer: indexer over L/N + top-k + sparse MLA on the local shard (compute), and the
+    DCP Q all-gather [B, H/N, 576] -> [B, H, 576] (comm). Two micro-batches per layer; in the
+    overlapped schedule the all-gather of the next micro-batch runs during this one's compute."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    batch, heads, seq_len, topk, layers = 64, 64, 65536, 2048, 8
+    mb = batch // 2
+    q8, w, k, ks, table, lens = make_indexer_inputs(mb, seq_len // world, 64, gen)
+    cache = pack_fp8_ds_mla_rows(torch.randn(mb * 4096, 576, device="cuda", generator=gen)).reshape(mb * 64, 64, 656)
+    slots = torch.randint(0, mb * 4096, (mb, topk // world), device="cuda", generator=gen, dtype=torch.int32)
+    q_local = [torch.randn(mb, heads // world, 576, device="cuda", generator=gen).bfloat16() for _ in range(2)]
+    q_full = [torch.empty(world, mb, heads // world, 576, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    def compute(m):
+        radix_topk(indexer_logits(q8, w, k, ks, table, lens, seq_len // world), lens, topk // world)
+        sparse_mla_decode(q_full[m].permute(1, 0, 2, 3).reshape(mb, heads, 576), cache, slots, 576**-0.5, num_splits=2)
+
+    def gather(m, async_op):
+        return dist.all_gather_into_tensor(q_full[m], q_local[m], async_op=async_op)
+
+    def compute_only():
+        for _ in range(layers):
+            compute(0)
+            compute(1)
+
+    def sequential():
+        for _ in range(layers):
+            for m in (0, 1):
+                gather(m, False)
+                compute(m)
+
+    def overlapped():
+        pending = gather(0, True)
+        for layer in range(layers):
+            for m in (0, 1):
+                pending.wait()
+                # Start the next micro-batch's gather (in the real model it follows the previous
+                # layer's output projection of that micro-batch), then compute this one.
+                if not (layer == layers - 1 and m == 1):
+                    pending = gather(1 - m, True)
+                compute(m)
+
+    times = {}
+    for name, fn in [("compute only", compute_only), ("gather then compute", sequential), ("overlapped", overlapped)]:
+        dist.barrier()
+        times[name] = measure.median_ms(fn, iters=10, warmup=2)
+    if rank == 0:
+        results.put(times)
+    dist.destroy_process_group()
+
+
+def bench_dcp_overlap():
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_overlap_worker, args=(2, measure._free_loopback_port(), results), nprocs=2, start_method="spawn")
+    t = results.get()
+    base = t["compute only"]
+    print("  DCP=2 decode step, 8 layers x 2 micro-batches, B=64 H=64 L=64K (per rank L/2, K/2):")
+    for name, ms in t.items():
+        print(f"    {name:22s} {ms*1e3:9.1f} us  overhead vs compute only {100*(ms/base-1):+5.1f}%")
+    ROWS.append(dict(kernel="dcp_q_allgather overlap", times_us={k: v * 1e3 for k, v in t.items()},
+                     overhead_sequential=t["gather then compute"] / base - 1, overhead_overlapped=t["overlapped"] / base - 1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", help="write all rows and ceilings here")
+    args = parser.parse_args()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    env = dict(gpus=smi, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+               cuda=torch.version.cuda)
+    print("environment:", env, flush=True)
+    bench_ceilings()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sections = [bench_lse_merge, bench_cp_sharding, lambda: bench_indexer(gen), lambda: bench_sparse_mla(gen),
+                lambda: bench_hisparse_gather(gen)]
+    if torch.cuda.device_count() >= 2:
+        sections.append(bench_dcp_overlap)
+    else:
+        print("DCP all-gather overlap: skipped, only 1 GPU visible")
+    for section in sections:
+        start = time.time()
+        try:
+            section()
+        except Exception:
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+        print(f"  [section took {time.time()-start:.0f} s]", flush=True)
+    print("\n| kernel | shape | time (us) | floor (us) | bound | fraction | check | note |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in ROWS:
+        if "time_us" in r:
+            print(f"| {r['kernel']} | {r['shape']} | {r['time_us']:.1f} | {r['floor_us']:.1f} | {r['bound']} | "
+                  f"{r['fraction']*100:.0f}% | {r['check']} | {r['note']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(env=env, ceilings=CEIL, rows=ROWS), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
