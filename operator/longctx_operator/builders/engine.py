@@ -9,13 +9,12 @@ from typing import Any
 from longctx_engine.api import LongContextDeploymentSpec
 from longctx_engine.engine_config import CONFIG_DIR, CONFIG_KEY, render_engine_config
 from longctx_engine.quantity import format_bytes
-from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, engine_ports, host_memory_bytes,
-                                    shm_bytes)
+from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, MODEL_MOUNT, engine_ports,
+                                    host_memory_bytes, shm_bytes)
 
 from .. import naming
 from .router import routing_sidecar
 
-MODEL_MOUNT = "/models"
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
 TERMINATION_GRACE_SECONDS = 120
 PROBE_PERIOD_SECONDS = 10

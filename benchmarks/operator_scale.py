@@ -1,0 +1,163 @@
+"""Operator scale benchmark on the local control plane (a script, not a test).
+
+Creates N LongContextDeployments (default 100) against a real kube-apiserver with the
+operator running as its own process, and prints: time until every child exists,
+create-to-Ready latency p50/p99, reconcile duration p50/p99 (the operator's histogram),
+API writes per CR at creation and at steady state, and the operator's resident memory.
+
+    PYTHONPATH=engine:operator:. python benchmarks/operator_scale.py [--crs 100]
+
+CRs use replicas 0 for both roles so that N CRs do not need 16·N simulated GPUs: every
+child object is still created and watched; only the pods are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
+
+from tests.cluster.controlplane import ControlPlane, free_port  # noqa: E402
+
+NAMESPACE = "scale"
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("longctx_") and " " in line:
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def writes(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("longctx_api_writes_total{"))
+
+
+def histogram_quantile(metrics: dict[str, float], q: float) -> float:
+    buckets = sorted((float(k.split('le="')[1].split('"')[0]) if 'le="+Inf"' not in k
+                      else float("inf"), v) for k, v in metrics.items()
+                     if k.startswith("longctx_reconcile_duration_seconds_bucket"))
+    total = buckets[-1][1]
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return float("inf")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--crs", type=int, default=100)
+    parser.add_argument("--steady-seconds", type=int, default=60)
+    args = parser.parse_args()
+
+    cp = ControlPlane(nodes=4).start()
+    operator = None
+    try:
+        for f in [REPO / "crds" / "longctx.dev_longcontextdeployments.yaml",
+                  *sorted((cp.share_dir / "crds").glob("*.yaml"))]:
+            cp.kubectl("apply", "--server-side", "-f", str(f))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        cp.kubectl("create", "namespace", NAMESPACE)
+        metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+               "PYTHONPATH": f"{REPO / 'engine'}:{REPO / 'operator'}"}
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "longctx_operator.cli", "operator", "--metrics-address",
+             "127.0.0.1", "--metrics-port", str(metrics_port), "--health-address", "127.0.0.1",
+             "--health-port", str(free_port())],
+            env=env, stdout=open(cp.workdir / "operator.log", "wb"), stderr=subprocess.STDOUT)
+        time.sleep(5)
+        base = yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())
+        base["spec"]["prefill"]["replicas"] = 0
+        base["spec"]["decode"]["replicas"] = 0
+        rendered = subprocess.run([sys.executable, "-m", "longctx_operator.cli", "render", "-f",
+                                   "-"], input=yaml.safe_dump(base), capture_output=True,
+                                  text=True, env=env, check=True).stdout
+        per_cr = sum(1 for d in yaml.safe_load_all(rendered) if d)
+        docs = []
+        for i in range(args.crs):
+            cr = json.loads(json.dumps(base))
+            cr["metadata"] = {"name": f"lcd-{i:03d}", "namespace": NAMESPACE}
+            docs.append(yaml.safe_dump(cr))
+
+        print(f"creating {args.crs} CRs ({per_cr} children each) ...", flush=True)
+        created_at = time.monotonic()
+        cp.kubectl("apply", "-f", "-", input="---\n".join(docs))
+        expected = args.crs * per_cr
+        kinds = ("statefulsets,services,configmaps,poddisruptionbudgets,deployments,"
+                 "serviceaccounts,roles,rolebindings,inferencepools")
+        ready_at: dict[str, float] = {}
+        children_at = None
+        while time.monotonic() - created_at < 900:
+            now = time.monotonic()
+            if children_at is None:
+                items = json.loads(cp.kubectl("get", kinds, "-n", NAMESPACE, "-l",
+                                              "app.kubernetes.io/managed-by=longctx-operator",
+                                              "-o", "json").stdout)["items"]
+                if len(items) >= expected:
+                    children_at = now
+            crs = json.loads(cp.kubectl("get", "lcd", "-n", NAMESPACE, "-o", "json").stdout)
+            for item in crs["items"]:
+                conds = {c["type"]: c["status"] for c in item.get("status", {}).get(
+                    "conditions", [])}
+                if conds.get("Ready") == "True":
+                    ready_at.setdefault(item["metadata"]["name"], now)
+            if children_at is not None and len(ready_at) == args.crs:
+                break
+            time.sleep(1)
+        at_creation = scrape(metrics_port)
+        time.sleep(args.steady_seconds)
+        steady = scrape(metrics_port)
+        latencies = sorted(t - created_at for t in ready_at.values())
+        rows = [
+            ("CRs", f"{args.crs}", ""),
+            ("children per CR", f"{per_cr}", ""),
+            ("time until all children exist", f"{children_at - created_at:.1f} s"
+             if children_at else "not reached", ""),
+            ("create -> Ready p50 / p99", f"{statistics.median(latencies):.1f} s / "
+             f"{latencies[int(0.99 * (len(latencies) - 1))]:.1f} s" if latencies else "-",
+             f"{len(latencies)} of {args.crs} Ready"),
+            ("reconcile duration p50 / p99 (histogram bucket bound)",
+             f"<= {histogram_quantile(steady, 0.5)} s / <= {histogram_quantile(steady, 0.99)} s",
+             f"{steady.get('longctx_reconcile_duration_seconds_count', 0):.0f} reconciles"),
+            ("API writes per CR at creation", f"{writes(at_creation) / args.crs:.1f}",
+             f"{per_cr} children + status"),
+            (f"API writes per CR in {args.steady_seconds} s of steady state",
+             f"{(writes(steady) - writes(at_creation)) / args.crs:.2f}", "ideal: 0"),
+            ("operator resident memory", f"{rss_mib(operator.pid):.0f} MiB", ""),
+        ]
+        width = max(len(r[0]) for r in rows)
+        print(f"\n{'metric':<{width}}  {'value':<28}  note")
+        for name, value, note in rows:
+            print(f"{name:<{width}}  {value:<28}  {note}")
+        return 0
+    finally:
+        if operator and operator.poll() is None:
+            operator.terminate()
+            operator.wait(timeout=30)
+        cp.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
