@@ -138,7 +138,8 @@ def test_tier2_kv_transfer_and_children(vllm, variant: Variant):
     assert vllm.KVConnectorFactory.supports_hma_config(top) is True
     spec = variant.spec()
     if recipes.hisparse_enabled(spec, variant.role):
-        assert vllm.hisparse_host_pool_gib(top) == 48
+        assert vllm.hisparse_host_pool_gib(top) * 2**30 == \
+            recipes.hisparse_bytes_per_rank(spec, variant.role)
     else:
         assert "HiSparseConnector" not in names
     if "OffloadingConnector" in names:

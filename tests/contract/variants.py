@@ -31,6 +31,18 @@ def spec_with(edit: Callable[[dict], None] | None = None) -> LongContextDeployme
     return load_spec(d)
 
 
+def seed_spec(edit: Callable[[dict], None] | None = None) -> LongContextDeploymentSpec:
+    """The example with the decode pools of vllm-engine.md section 0 (48 GiB HiSparse pool,
+    16 GiB offload per rank), so tests can compare with the reference command lines
+    whatever the example file's current sizing is."""
+    def both(d: dict) -> None:
+        d["decode"]["hiSparse"]["hostPoolPerRank"] = "48Gi"
+        d["decode"]["cpuOffloadPerRank"] = "16Gi"
+        if edit:
+            edit(d)
+    return spec_with(both)
+
+
 def pod(role: str, ordinal: int = 0, cr: str = "glm", ns: str = "llm") -> PodIdentity:
     return PodIdentity(cr_name=cr, namespace=ns, pod_name=f"{cr}-{role}-{ordinal}",
                        ordinal=ordinal, pod_ip=f"10.1.{0 if role == 'prefill' else 1}.{ordinal + 7}")

@@ -7,7 +7,7 @@ import json
 
 from longctx_engine.compat import hma_problem, pd_compatibility
 from longctx_engine.recipes import EngineCommand, build_command
-from tests.contract.variants import pod, spec_with
+from tests.contract.variants import pod, seed_spec as spec_with
 
 
 def pair(p_edit=None, d_edit=None):

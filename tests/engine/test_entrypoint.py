@@ -16,7 +16,7 @@ from longctx_engine.engine_config import (CONFIG_DIR, CONFIG_KEY, EngineConfigEr
                                           render_engine_config)
 from longctx_engine.precheck import HostProbe
 from longctx_engine.quantity import GiB
-from tests.contract.variants import EXAMPLE, REPO, spec_with
+from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with
 
 ENV = {"POD_NAME": "glm-decode-1", "POD_NAMESPACE": "llm", "POD_IP": "10.2.3.4",
        "VLLM_PORT": "tcp://10.9.9.9:8000", "PATH": "/usr/bin"}

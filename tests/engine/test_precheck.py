@@ -9,7 +9,7 @@ from longctx_engine import precheck
 from longctx_engine.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
                                      check_shm, check_vllm_version, run_prechecks)
 from longctx_engine.quantity import GiB
-from tests.contract.variants import spec_with
+from tests.contract.variants import seed_spec as spec_with
 
 SPEC = spec_with()
 

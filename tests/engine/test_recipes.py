@@ -14,7 +14,7 @@ from longctx_engine.quantity import GiB
 from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, PodIdentity, RecipeError,
                                     build_command, engine_ports, host_memory_bytes,
                                     ranks_per_pod, shm_bytes)
-from tests.contract.variants import REPO, pod, spec_with
+from tests.contract.variants import REPO, pod, seed_spec as spec_with
 
 TARGET_PREFILL = (
     "vllm serve zai-org/GLM-5.3-FP8 --served-model-name glm-5.3 --port 8000 "
