@@ -452,10 +452,32 @@ def role_problems(spec: LongContextDeploymentSpec, role: str) -> list[str]:
         hisparse_bytes_per_rank(spec, role)
     except ValueError as e:
         problems.append(str(e))
-    if spec.engine.speculative.method == "mtp" and spec.engine.speculative.draftTokens < 1:
+    s = spec.engine.speculative
+    if s.method == "mtp" and s.draftTokens < 1:
         problems.append("spec.engine.speculative.draftTokens must be at least 1 with method mtp")
+    if s.method == "mtp":
+        problems += _mtp_problems(spec, lay)
     problems += extra_args_problems(spec, role)
     return problems
+
+
+def _mtp_problems(spec: LongContextDeploymentSpec, lay: Layout) -> list[str]:
+    """MTP needs draft layers; under PCP, Model Runner V2 runs single-module MTP only
+    (min(num_nextn_predict_layers, num_speculative_tokens) must be 1)."""
+    try:
+        from .models import resolve_architecture   # pure Python; absent in old trees
+        arch = resolve_architecture(spec.model)
+    except (ImportError, ValueError):
+        return []   # the planner reports an unknown architecture
+    if arch.mtpLayers == 0:
+        return ["spec.engine.speculative.method is mtp but the model has no MTP layers "
+                "(architecture mtpLayers 0); set the method to none"]
+    if lay.pcp > 1 and min(arch.mtpLayers, spec.engine.speculative.draftTokens) > 1:
+        return [f"spec.{lay.role}.contextParallel.prefill > 1 runs only single-module MTP, but "
+                f"the model has {arch.mtpLayers} MTP layers and draftTokens is "
+                f"{spec.engine.speculative.draftTokens}; set spec.engine.speculative.draftTokens "
+                "to 1"]
+    return []
 
 
 def validate(spec: LongContextDeploymentSpec, role: Optional[str] = None) -> None:

@@ -276,3 +276,20 @@ def test_managed_flag_table_covers_every_vllm_spelling(vllm):
                 assert n in recipes._MANAGED, f"{s} ({action.dest}) is not recognised as managed"
     missing = [m for m in recipes._MANAGED if m not in known and m != "model-tag"]
     assert not missing, f"managed flags unknown to vLLM {vllm.version}: {missing}"
+
+
+def test_serve_picks_one_lb_mode_and_launcher(vllm, variant: Variant, monkeypatch):
+    """`vllm serve`'s own launch decision (serve.py: one LB mode, api_server_count, which
+    launcher), with the launchers replaced by recorders so nothing starts."""
+    import vllm.entrypoints.cli.serve as serve
+
+    launched = []
+    monkeypatch.setattr(serve, "run_dp_supervisor", lambda a: launched.append("supervisor"))
+    monkeypatch.setattr(serve, "run_headless", lambda a: launched.append("headless"))
+    monkeypatch.setattr(serve, "run_multi_api_server", lambda a: launched.append("multi-api"))
+    monkeypatch.setattr(serve.uvloop, "run", lambda coro: (coro.close(), launched.append("single")))
+    args = vllm.parser.parse_args(variant.command().argv[2:])
+    serve.ServeSubcommand.cmd(args)
+    lay = layout(variant.spec(), variant.role)
+    assert launched == ["supervisor" if lay.dp_mode == "multi-port" else "single"]
+    assert args.api_server_count in (1, None)

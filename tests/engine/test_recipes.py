@@ -293,3 +293,18 @@ def test_operator_package_imports_neither_vllm_nor_torch():
 def test_shell_quoting_round_trips():
     cmd = build_command(spec_with(), "prefill", pod("prefill"))
     assert shlex.split(cmd.shell()) == cmd.argv
+
+
+def test_mtp_rules_from_the_architecture():
+    def arch(mtp):
+        def edit(d):
+            d["model"].pop("preset")
+            d["model"]["architecture"] = {"layers": 78, "mtpLayers": mtp, "attentionHeads": 64,
+                                          "kvLoraRank": 512, "qkRopeHeadDim": 64}
+        return edit
+    recipes.validate(spec_with(arch(1)))
+    with pytest.raises(RecipeError, match="no MTP layers"):
+        recipes.validate(spec_with(arch(0)))
+    with pytest.raises(RecipeError, match="single-module MTP"):
+        recipes.validate(spec_with(arch(2)), "prefill")
+    recipes.validate(spec_with(arch(2)), "decode")   # no PCP on decode
