@@ -57,7 +57,7 @@ def best(configs, make_fn):
     results = []
     for cfg in configs:
         try:
-            ms = measure.median_ms(make_fn(cfg), iters=30, warmup=3)
+            ms = measure.graph_median_ms(make_fn(cfg))
             results.append((ms, cfg))
             print(f"    config {cfg}: {ms*1e3:.1f} us", flush=True)
         except Exception as exc:
@@ -73,10 +73,13 @@ def bench_ceilings():
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     CEIL["bf16"] = 2 * 8192**3 / (measure.median_ms(lambda: a @ b) * 1e-3)
     del a, b
-    CEIL["launch_us"] = 1e3 * measure.median_ms(lambda: torch.empty(1, device="cuda").fill_(1.0), iters=50)
+    one = torch.empty(1, device="cuda")
+    CEIL["launch_us"] = 1e3 * measure.median_ms(lambda: one.fill_(1.0), iters=50)
+    CEIL["graph_node_us"] = 1e3 * measure.graph_median_ms(lambda: one.fill_(1.0))
     print(f"ceilings: HBM copy {CEIL['hbm']/1e12:.2f} TB/s, pinned H2D {CEIL['pcie_h2d']/1e9:.1f} GB/s, "
           f"D2H {CEIL['pcie_d2h']/1e9:.1f} GB/s, bf16 matmul {CEIL['bf16']/1e12:.0f} TFLOP/s, "
-          f"1-element kernel (launch + event) {CEIL['launch_us']:.1f} us", flush=True)
+          f"1-element kernel: {CEIL['launch_us']:.1f} us launched from Python, {CEIL['graph_node_us']:.1f} us "
+          f"in a CUDA graph", flush=True)
 
 
 def bench_lse_merge():
@@ -91,21 +94,21 @@ def bench_lse_merge():
         ms, cfg = best([1, 2, 4, 8], lambda bh: (lambda: lse_merge(part, lse, block_h=bh, out=out)))
         bytes_ = n * b * h * (2 * d + 4) + b * h * (2 * d + 4)
         row("lse_merge (DCP combine)", f"N={n} B={b} H={h} D={d} bf16", ms, bytes_, 4 * n * b * h * d,
-            check=f"err {err:.1e}", note=f"block_h={cfg}; 1-elt kernel {CEIL['launch_us']:.1f} us")
+            check=f"err {err:.1e}", note=f"block_h={cfg}; 1-elt kernel in a graph {CEIL['graph_node_us']:.1f} us")
 
 
 def bench_cp_sharding():
     t, n = 131072, 8
     x = torch.randn(t, 576, device="cuda").bfloat16()
     ok = torch.equal(pcp_shard(x, n), pcp_shard_reference(x, n)) and torch.equal(pcp_unshard(pcp_shard(x, n), t), x)
-    ms = measure.median_ms(lambda: pcp_shard(x, n), iters=30)
+    ms = measure.graph_median_ms(lambda: pcp_shard(x, n))
     row("pcp_shard", f"T={t} N={n} row 1152 B", ms, 2 * x.numel() * 2, check="exact" if ok else "WRONG")
     shards = pcp_shard(x, n)
-    ms = measure.median_ms(lambda: pcp_unshard(shards, t), iters=30)
+    ms = measure.graph_median_ms(lambda: pcp_unshard(shards, t))
     row("pcp_unshard", f"T={t} N={n} row 1152 B", ms, 2 * x.numel() * 2, check="exact" if ok else "WRONG")
     ids = torch.randint(0, 65536, (64, 2048), device="cuda", dtype=torch.int32)
     ok = torch.equal(dcp_local_positions(ids, 3, 8), dcp_local_positions_reference(ids, 3, 8))
-    ms = measure.median_ms(lambda: dcp_local_positions(ids, 3, 8), iters=30)
+    ms = measure.graph_median_ms(lambda: dcp_local_positions(ids, 3, 8))
     row("dcp_local_positions", "B=64 K=2048 N=8", ms, 8 * ids.numel(), check="exact" if ok else "WRONG")
 
 
@@ -143,10 +146,10 @@ def bench_indexer(gen):
     ms_t, cfg_t = best([(4096, 16), (8192, 16), (2048, 8)], lambda c: (lambda: radix_topk(logits, lens, topk, c[0], c[1])))
     row("radix_topk 2048", f"B={batch} L=64K", ms_t, 4 * batch * seq_len + 4 * batch * topk,
         check="exact set" if topk_ok else "WRONG", note=f"block,warps={cfg_t}; 5 passes over L2-resident logits")
-    ms_torch = measure.median_ms(lambda: torch.topk(logits, topk, dim=1), iters=20)
+    ms_torch = measure.graph_median_ms(lambda: torch.topk(logits, topk, dim=1))
     print(f"    (torch.topk on the same logits: {ms_torch*1e3:.1f} us)")
-    ms_all = measure.median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1]),
-                                                  lens, topk, cfg_t[0], cfg_t[1]), iters=30)
+    ms_all = measure.graph_median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1]),
+                                                  lens, topk, cfg_t[0], cfg_t[1]))
     row("indexer logits + top-k", f"B={batch} L=64K H_I={heads} K={topk}", ms_all,
         key_bytes + io_bytes + 4 * batch * seq_len, check="", note="DeepGEMM logits alone: 149 us")
 
@@ -163,8 +166,8 @@ def bench_sparse_mla(gen):
     slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
     sm_scale = 576**-0.5
     for heads, cfgs in [
-        (8, [(16, s, nw, st) for s in (2, 4, 8) for nw in (4, 8) for st in (2,)]),
-        (64, [(bh, s, nw, st) for bh in (32, 64) for s in (1, 2) for nw in (4, 8) for st in (1, 2)]),
+        (8, [(16, s, nw, st, bk) for s in (2, 4) for nw in (4, 8) for st in (2, 3) for bk in (32, 64)]),
+        (64, [(64, s, 8, st, bk) for s in (1, 2, 4) for st in (2, 3) for bk in (32, 64)]),
     ]:
         q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
         out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -173,10 +176,15 @@ def bench_sparse_mla(gen):
         err = rel_err(out, ref)
         del ref
         ms, cfg = best(cfgs, lambda c: (lambda: sparse_mla_decode(q, cache, slots, sm_scale, num_splits=c[1], block_h=c[0],
-                                                                    num_warps=c[2], num_stages=c[3])))
+                                                                    num_warps=c[2], num_stages=c[3], block_k=c[4])))
         bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
         row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
-            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages={cfg}")
+            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages,block_k={cfg}")
+        # Diagnostic: the same work with each request's slots sorted (gather locality only changes).
+        sorted_slots = slots.sort(dim=1).values
+        ms_sorted = measure.graph_median_ms(lambda: sparse_mla_decode(q, cache, sorted_slots, sm_scale, num_splits=cfg[1],
+                                            block_h=cfg[0], num_warps=cfg[2], num_stages=cfg[3], block_k=cfg[4]))
+        print(f"    (same with sorted slots: {ms_sorted*1e3:.1f} us)", flush=True)
 
 
 def bench_hisparse_gather(gen):

@@ -140,7 +140,7 @@ def _radix_topk_kernel(
     prefix_mask = tl.zeros((), dtype=tl.uint32)
     remaining = k_eff
     for pass_id in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * pass_id
+        shift = 24 - 8 * pass_id
         hist = tl.zeros((512,), dtype=tl.int32)
         for t0 in range(0, seq_len, BLOCK):
             pos = t0 + tl.arange(0, BLOCK)

@@ -26,6 +26,25 @@ def median_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> flo
     return statistics.median(times)
 
 
+def graph_median_ms(fn: Callable[[], object], iters: int = 20, reps: int = 10) -> float:
+    """Median GPU time of one fn() call, from replays of a CUDA graph of `reps` calls.
+
+    Host-side launch cost (Python wrappers, Triton's launcher) stays out of the
+    number: it is what a CUDA-graphed decode step pays.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compilation, allocations) off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return median_ms(graph.replay, iters, warmup=2) / reps
+
+
 def hbm_copy_bandwidth(num_bytes: int = 2 << 30, iters: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda").random_()
