@@ -282,16 +282,7 @@ def test_include_crds_carries_the_crd_and_kopf_peerings(helm, tmp_path):
     assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
 
 
-# ---------------------------------------------------------------- NOTES and kustomize
-
-
-def test_notes_tell_the_next_commands(helm, tmp_path):
-    proc = run_helm(helm, tmp_path, "install", "longctx", str(CHART), "--dry-run=client",
-                    "--namespace", "longctx-system")
-    notes = proc.stdout.split("NOTES:", 1)[1]
-    for command in ("kubectl apply -f examples/glm-5.3-1m.yaml", "kubectl get lcd",
-                    "longctx plan -f examples/glm-5.3-1m.yaml"):
-        assert command in notes, notes
+# ---------------------------------------------------------------- kustomize
 
 
 def test_kustomize_base_is_generated_from_the_chart(helm, tmp_path):
