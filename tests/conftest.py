@@ -19,7 +19,7 @@ for sub in ("engine", "operator", "kernels"):
     if str(REPO / sub) not in sys.path:
         sys.path.insert(0, str(REPO / sub))
 
-from tests.cluster.controlplane import ControlPlane, ControlPlaneError  # noqa: E402
+from tests.cluster.controlplane import ControlPlane, ControlPlaneError, model_volume  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 CRD_FILE = REPO / "crds" / "longctx.dev_longcontextdeployments.yaml"
@@ -129,7 +129,9 @@ def operator(cluster: Cluster) -> Iterator[Any]:
 def namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("apply", "-f", "-", input=model_volume(name))  # the example's PVC
     yield name
     # CRs first, while the operator still runs; then the namespace, without waiting.
     cluster.kubectl("delete", "lcd", "--all", "-n", name, "--wait=false", check=False)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl("delete", "persistentvolume", f"models-{name}", "--wait=false", check=False)

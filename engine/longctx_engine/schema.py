@@ -102,21 +102,17 @@ def _type_schema(tp: Any) -> dict[str, Any]:
 
 
 def _default_json(value: Any) -> Any:
-    """A field default as JSON. For a nested object only what differs from the nested
-    schema's own defaults is written; the API server fills in the rest."""
+    """A field default as JSON. A nested object's default is written out in full: the API
+    server validates a default against the object's CEL rules before nested defaults apply."""
     if dataclasses.is_dataclass(value):
-        out = {}
-        for f in dataclasses.fields(value):
-            own = f.default if f.default is not _MISSING else (
-                f.default_factory() if f.default_factory is not _MISSING else _MISSING)  # type: ignore[misc]
-            current = getattr(value, f.name)
-            if current != own:
-                out[f.name] = _default_json(current)
-        return out
+        return {f.name: _default_json(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) is not None}
     if isinstance(value, Quantity):
         return str(value)
     if isinstance(value, list):
         return [_default_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _default_json(v) for k, v in value.items()}
     return value
 
 

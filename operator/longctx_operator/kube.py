@@ -63,12 +63,19 @@ class Kube:
     def _call(self, method: str, path: str, body: Any = None, query: list | None = None,
               content_type: str = "application/json") -> Any:
         def once() -> Any:
-            data = self.api.call_api(
-                path, method, query_params=query or [], body=body,
+            _, url, headers, _, _ = self.api.param_serialize(
+                method, path, query_params=query or [],
                 header_params={"Accept": "application/json", "Content-Type": content_type},
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30)
-            raw = data[0].data
-            return json.loads(raw) if raw else None
+                auth_settings=["BearerToken"])
+            # The client serialises dicts only for JSON content types; an apply patch is YAML,
+            # and JSON is YAML, so it goes out as a JSON string.
+            payload = body if body is None or "json" in content_type else json.dumps(body)
+            response = self.api.call_api(method, url, header_params=headers, body=payload,
+                                         _request_timeout=30)
+            response.read()
+            if not 200 <= response.status < 300:
+                raise ApiException(http_resp=response)
+            return json.loads(response.data) if response.data else None
 
         return self.retry(once, f"{method} {path}")
 

@@ -172,6 +172,24 @@ def h200_node(name: str) -> dict[str, Any]:
     }
 
 
+def model_volume(namespace: str, claim: str = "models") -> str:
+    """A pre-bound PersistentVolume and its claim: the weights the example mounts.
+    The control plane has no provisioner, so the volume is static."""
+    pv = f"{claim}-{namespace}"
+    docs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "2Ti"}, "accessModes": ["ReadOnlyMany"],
+                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                  "hostPath": {"path": "/mnt/models"},
+                  "claimRef": {"namespace": namespace, "name": claim}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": claim, "namespace": namespace},
+         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "2Ti"}}}},
+    ]
+    return "\n---\n".join(yaml.safe_dump(d) for d in docs)
+
+
 # ------------------------------------------------------------------ the control plane
 
 
@@ -270,6 +288,8 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            # The "kubernetes" Service would point at 127.0.0.1, which the reconciler refuses.
+            "--endpoint-reconciler-type=none",
             f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1"])
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.cluster.controlplane import REPO, ControlPlane, free_port
+from tests.cluster.controlplane import REPO, ControlPlane, free_port, model_volume
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 NAMESPACE = "longctx-demo"
@@ -53,6 +53,7 @@ def main() -> int:
 
         step(f"kubectl apply -f {EXAMPLE.relative_to(REPO)} -n {NAMESPACE}")
         cp.kubectl("create", "namespace", NAMESPACE)
+        cp.kubectl("apply", "-f", "-", input=model_volume(NAMESPACE))  # the weights' PVC
         print(cp.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE)).stdout.strip())
 
         step("waiting for Ready (pods scheduled onto simulated H200 nodes, kwok runs them)")
