@@ -14,7 +14,7 @@ from tests.helm.chart import (CHART, KUSTOMIZE_BASE, KUSTOMIZE_SCRIPT, by_kind, 
                               grants, helm_binary, run_helm, template_text)
 
 RBAC = "rbac.authorization.k8s.io"
-CRUD = ("get", "list", "watch", "patch", "delete")
+CRUD = ("get", "list", "watch", "create", "patch", "delete")
 
 # Exactly what the operator may do in a namespace it serves (the same in both modes).
 NAMESPACED = {
@@ -25,8 +25,8 @@ NAMESPACED = {
     ("policy", "poddisruptionbudgets"): CRUD,
     (RBAC, "roles"): CRUD, (RBAC, "rolebindings"): CRUD,
     ("inference.networking.k8s.io", "inferencepools"): CRUD,
-    ("gateway.networking.k8s.io", "httproutes"): ("get", "list", "patch", "delete"),
-    ("monitoring.coreos.com", "podmonitors"): ("get", "list", "patch", "delete"),
+    ("gateway.networking.k8s.io", "httproutes"): ("get", "list", "create", "patch", "delete"),
+    ("monitoring.coreos.com", "podmonitors"): ("get", "list", "create", "patch", "delete"),
     ("", "pods"): ("get", "list", "watch"),
     ("", "events"): ("create",),
     ("llm-d.ai", "inferenceobjectives"): ("get", "list", "watch"),
@@ -225,10 +225,13 @@ def test_no_wildcards_and_no_escalation_verbs(render):
         for role in objs.get("ClusterRole", []) + objs.get("Role", []):
             for group, resource, verb in grants(role["rules"]):
                 assert "*" not in (group, resource, verb), role["metadata"]["name"]
-                assert verb not in ("escalate", "bind", "impersonate", "create"
-                                    if resource != "events" else ""), (resource, verb)
+                assert verb not in ("escalate", "bind", "impersonate", "update",
+                                    "deletecollection"), (resource, verb)
                 assert resource not in ("secrets", "nodes", "clusterroles",
                                         "clusterrolebindings"), resource
+                if verb in ("create", "patch", "delete"):  # writes: only what it owns
+                    assert resource not in ("pods", "longcontextdeployments",
+                                            "customresourcedefinitions", "namespaces"), resource
 
 
 def test_rbac_covers_what_the_operator_code_uses(render):
@@ -241,7 +244,7 @@ def test_rbac_covers_what_the_operator_code_uses(render):
     granted = grants(render()["ClusterRole"][0]["rules"])
     for api_version, kind in MANAGED_KINDS:
         group = api_version.rpartition("/")[0]
-        for verb in ("get", "list", "patch", "delete"):  # apply, drift check, clean-up
+        for verb in ("get", "list", "create", "patch", "delete"):  # apply, drift, clean-up
             assert (group, PLURALS[kind], verb) in granted, (kind, verb)
     for group, _version, plural in CHILD_RESOURCES:  # Kopf's watches
         for verb in ("list", "watch"):

@@ -65,31 +65,32 @@ reconcile.py, main.py and Kopf). Identical in both RBAC modes; only the binding 
 - apiGroups: ["longctx.dev"]
   resources: ["longcontextdeployments/status"]
   verbs: ["patch"]
-# Children: server-side apply (patch creates too), drift check (get), clean-up (list,
-# delete), and Kopf's watches on the managed-by label.
+# Children: server-side apply (PATCH; the API server also checks create when the object
+# does not exist yet), drift check (get), clean-up (list, delete), and Kopf's watches on
+# the managed-by label.
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["statefulsets", "deployments"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Optional children (not watched): HTTPRoute when a gateway is named, PodMonitor when
 # its CRD exists.
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
-  verbs: ["get", "list", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "list", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Pods: status is computed from them (get, list) and Kopf watches them.
 - apiGroups: [""]
   resources: ["pods"]
