@@ -2,8 +2,12 @@
 # Builds the llm-d endpoint picker (github.com/llm-d/llm-d-router/cmd/epp) from the Go
 # module proxy into the longctx cache, keyed by version; does nothing when it is there.
 #
-#   tools/build-epp.sh            build if missing, print the binary's path
-#   tools/build-epp.sh --check    only say whether the module can be fetched (exit 0/1)
+#   tools/build-epp.sh             build if missing, print the binary's path
+#   tools/build-epp.sh --check     only say whether the module can be fetched (exit 0/3)
+#   tools/build-epp.sh --upstream  build the upstream Gateway API Inference Extension EPP
+#                                  (sigs.k8s.io/gateway-api-inference-extension cmd/epp, the
+#                                  code llm-d-router's picker derives from; wrapper module
+#                                  tools/epp/gie) into bin-gie-epp-<version>/epp, print its path
 #
 # Environment: LONGCTX_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/longctx).
 # Exit status 3: the module cannot be fetched from the configured GOPROXY (the message
@@ -12,6 +16,8 @@ set -euo pipefail
 
 EPP_MODULE=github.com/llm-d/llm-d-router
 EPP_VERSION=0.10.0
+GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
+GIE_VERSION=1.5.0   # the version tools/build-control-plane.sh takes the InferencePool CRD from
 TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${LONGCTX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/longctx}"
 BIN="$CACHE_ROOT/bin-epp-$EPP_VERSION"
@@ -31,8 +37,22 @@ except Exception: print(sys.stdin.read())' 2>/dev/null || printf '%s' "$out")
   fi
 }
 
+build_upstream() {
+  local bin="$CACHE_ROOT/bin-gie-epp-$GIE_VERSION"
+  if [[ -x "$bin/epp" ]]; then echo "$bin/epp"; return 0; fi
+  cd "$TOOLS_DIR/epp/gie"
+  mkdir -p "$bin"
+  local start=$SECONDS
+  log "building $GIE_MODULE/cmd/epp v$GIE_VERSION (minutes on 2 cores when the module cache is cold)"
+  go build -ldflags "-s -w" -o "$bin/epp.tmp" "$GIE_MODULE/cmd/epp"
+  mv -f "$bin/epp.tmp" "$bin/epp"
+  log "built $bin/epp in $((SECONDS - start)) s"
+  echo "$bin/epp"
+}
+
 main() {
   if [[ "${1:-}" == "--check" ]]; then fetch; exit $?; fi
+  if [[ "${1:-}" == "--upstream" ]]; then build_upstream; return; fi
   if [[ -x "$BIN/epp" ]]; then echo "$BIN/epp"; return 0; fi
   fetch || exit 3
   cd "$TOOLS_DIR/epp"

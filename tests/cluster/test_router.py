@@ -248,50 +248,185 @@ def _epp_unavailable_reason() -> str | None:
     return f"{EPP_BINARY} is not built: {why}"
 
 
+def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
+                              tmp_path: Path, timeout: float = 90) -> str:
+    """Runs a picker binary as a subprocess with loopback ports and the given credentials,
+    waits for gRPC health SERVING on 127.0.0.1 and returns its log. Only this process is
+    ever signalled (its own session)."""
+    import grpc
+
+    grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
+    log_path = tmp_path / f"{binary.parent.name}.log"
+    env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [str(binary), "--pool-name=glm", f"--pool-namespace={namespace}",
+             "--pool-group=inference.networking.k8s.io", f"--grpc-port={grpc_port}",
+             f"--grpc-health-port={health_port}", f"--metrics-port={metrics_port}",
+             "--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            def serving():
+                if proc.poll() is not None:
+                    raise AssertionError(f"{binary} exited with {proc.returncode}: "
+                                         f"{log_path.read_text()[-4000:]}")
+                try:
+                    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+                        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                        return check(_health_request("inference-extension"), timeout=2) == SERVING
+                except grpc.RpcError:
+                    return False
+
+            wait_for(serving, timeout, f"{binary.name} gRPC health SERVING on 127.0.0.1",
+                     interval=1)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=40)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+    return log_path.read_text()
+
+
+def _no_engine_pods_cr() -> dict:
+    # No engine pods: the picker then has no endpoint whose (fake) pod IP it would scrape.
+    return example_cr("glm", prefill__replicas=0, decode__replicas=0)
+
+
 def test_real_picker_loads_the_config_and_reports_serving(cluster, operator, namespace, tmp_path):
+    """llm-d-router's picker with the generated config and the generated Role's credentials."""
     reason = _epp_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    import grpc
-
-    # No engine pods: the picker then has no endpoint whose (fake) pod IP it would scrape.
-    cr = example_cr("glm", prefill__replicas=0, decode__replicas=0)
-    _apply_and_wait(cluster, namespace, cr)
+    _apply_and_wait(cluster, namespace, _no_engine_pods_cr())
     config = tmp_path / "epp-config.yaml"
     config.write_text(cluster.get("configmap", "glm-epp", namespace)["data"]["epp-config.yaml"])
     kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
-    grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
-    log = (tmp_path / "epp.log").open("w")
-    env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
-    proc = subprocess.Popen(
-        [str(EPP_BINARY), "--pool-name=glm", f"--pool-namespace={namespace}",
-         "--pool-group=inference.networking.k8s.io", f"--config-file={config}",
-         f"--grpc-port={grpc_port}", f"--grpc-health-port={health_port}",
-         f"--metrics-port={metrics_port}", "--secure-serving=false",
-         "--metrics-endpoint-auth=false", "--tracing=false"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        def serving():
-            if proc.poll() is not None:
-                raise AssertionError(f"the picker exited with {proc.returncode}: "
-                                     f"{(tmp_path / 'epp.log').read_text()[-3000:]}")
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
-                    check = channel.unary_unary("/grpc.health.v1.Health/Check")
-                    return check(_health_request("inference-extension"), timeout=2) == SERVING
-            except grpc.RpcError:
-                return False
+    log = _run_picker_until_serving(EPP_BINARY, [f"--config-file={config}"], kubeconfig,
+                                    namespace, tmp_path)
+    assert "forbidden" not in log.lower(), log[-4000:]
 
-        wait_for(serving, 60, "the picker's gRPC health SERVING on 127.0.0.1", interval=1)
-        text = (tmp_path / "epp.log").read_text()
-        assert "forbidden" not in text.lower(), text[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+
+def test_upstream_picker_syncs_the_pool_with_the_generated_credentials(cluster, operator,
+                                                                      namespace, tmp_path):
+    """The upstream Gateway API Inference Extension EPP (the controller-manager code the
+    llm-d picker derives from) with the generated InferencePool and the picker's Role only:
+    it reports SERVING once it has read the pool, so the Role lets a real picker start. It
+    cannot load the llm-d config (other apiVersion and plugins), so it runs its defaults."""
+    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
+                          capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        pytest.skip(f"the upstream EPP could not be built: {proc.stderr.strip()[-2000:]}")
+    binary = Path(proc.stdout.strip().splitlines()[-1])
+    _apply_and_wait(cluster, namespace, _no_engine_pods_cr())
+    kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
+    log = _run_picker_until_serving(binary, [], kubeconfig, namespace, tmp_path)
+    assert "forbidden" not in log.lower(), log[-4000:]
+    assert "glm" in log  # it watched our pool
+
+
+def _endpoints_in_log(log: str, namespace: str) -> dict[str, set[int]]:
+    """pod name -> ports the picker made endpoints for, from its TRACE dump of the datastore
+    ("Current Pods and metrics gathered": EndpointMetadata{NamespacedName, PodName, Address,
+    Port, ...} of every endpoint, fresh and stale)."""
+    import re
+
+    found: dict[str, set[int]] = {}
+    for line in log.splitlines():
+        if "Current Pods and metrics gathered" not in line:
+            continue
+        found = {}
+        for pod, port in re.findall(
+                rf"NamespacedName:{re.escape(namespace)}/\S+?-rank-\d+ PodName:(\S+) "
+                r"Address:\S+ Port:(\d+)", line):
+            found.setdefault(pod, set()).add(int(port))
+    return found
+
+
+def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, namespace, tmp_path):
+    """The port layout, proven with a real picker datastore (the upstream EPP's, which
+    llm-d-router's is derived from): with pool targetPorts 8000-8007, a PCP8 prefill pod
+    annotated by `router.pod_annotations` is one endpoint (8000), a DP8 decode pod eight,
+    and an unannotated pod would be eight (seven of them nonexistent).
+
+    The serving pods are created here on a node kwok does not manage, with loopback pod IPs
+    (127.0.0.42-44), so whatever the picker dials stays on this machine."""
+    from longctx_engine import api
+    from longctx_operator.builders import router
+
+    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
+                          capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        pytest.skip(f"the upstream EPP could not be built: {proc.stderr.strip()[-2000:]}")
+    binary = Path(proc.stdout.strip().splitlines()[-1])
+    cr = _no_engine_pods_cr()
+    _apply_and_wait(cluster, namespace, cr)
+    spec = api.load_spec(cr["spec"])
+    assert [p["number"] for p in cluster.get("inferencepool", "glm", namespace)["spec"][
+        "targetPorts"]] == list(range(8000, 8008))
+
+    node = f"router-{namespace}"
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"type": "test"}},
+        "spec": {"taints": [{"key": "longctx.dev/test", "effect": "NoSchedule"}]}}))
+    pods = {"glm-prefill-0": ("prefill", router.pod_annotations(spec, "prefill"), "127.0.0.42"),
+            "glm-decode-0": ("decode", router.pod_annotations(spec, "decode"), "127.0.0.43"),
+            "glm-unannotated-0": ("prefill", {}, "127.0.0.44")}
+    try:
+        for name, (role, annotations, ip) in pods.items():
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {
+                    "app.kubernetes.io/instance": "glm", "llm-d.ai/role": role,
+                    "llm-d.ai/inference-serving": "true"}, "annotations": annotations},
+                "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "none"}],
+                         "tolerations": [{"operator": "Exists"}]}}))
+            status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                      "conditions": [{"type": "Ready", "status": "True"}]}
+            cluster.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status",
+                            "--type=merge", "-p", json.dumps({"status": status}))
+        kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
+
+        # Run until the datastore dump shows the three pods, then stop the picker.
+        binary_log = tmp_path / f"{binary.parent.name}.log"
+        import grpc  # noqa: F401  (the helper needs it)
+
+        def dumped():
+            if not binary_log.exists():
+                return None
+            eps = _endpoints_in_log(binary_log.read_text(), namespace)
+            return eps if set(eps) == set(pods) else None
+
+        grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
+        env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+        with binary_log.open("w") as log:
+            epp = subprocess.Popen(
+                [str(binary), "--pool-name=glm", f"--pool-namespace={namespace}",
+                 "--pool-group=inference.networking.k8s.io", f"--grpc-port={grpc_port}",
+                 f"--grpc-health-port={health_port}", f"--metrics-port={metrics_port}",
+                 "--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false",
+                 "--v=5"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        log.close()
+                endpoints = wait_for(dumped, 60, "the picker's datastore dump of the three pods",
+                                     interval=1)
+            finally:
+                if epp.poll() is None:
+                    os.killpg(epp.pid, signal.SIGTERM)
+                    try:
+                        epp.wait(timeout=40)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(epp.pid, signal.SIGKILL)
+                        epp.wait(timeout=10)
+        assert "forbidden" not in binary_log.read_text().lower()
+        assert endpoints["glm-prefill-0"] == set(router.serving_ports(spec, "prefill")) == {8000}
+        assert endpoints["glm-decode-0"] == set(router.serving_ports(spec, "decode")) == \
+            set(range(8000, 8008))
+        assert endpoints["glm-unannotated-0"] == set(range(8000, 8008))  # why the annotation
+    finally:
+        cluster.kubectl("delete", "pod", *pods, "-n", namespace, "--force", "--grace-period=0",
+                        "--wait=false", check=False)
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)

@@ -251,9 +251,12 @@ def test_ports_per_role_and_active_ports_annotation():
     _, spec = make_cr()
     assert router.serving_ports(spec, "prefill") == [8000]
     assert router.serving_ports(spec, "decode") == list(range(8000, 8008))
-    assert router.pod_annotations(spec, "prefill") == {"llm-d.ai/active-ports": "8000"}
+    assert router.pod_annotations(spec, "prefill") == {
+        "llm-d.ai/active-ports": "8000", "inference.networking.k8s.io/active-ports": "8000"}
+    decode_ports = "8000,8001,8002,8003,8004,8005,8006,8007"
     assert router.pod_annotations(spec, "decode") == {
-        "llm-d.ai/active-ports": "8000,8001,8002,8003,8004,8005,8006,8007"}
+        "llm-d.ai/active-ports": decode_ports,
+        "inference.networking.k8s.io/active-ports": decode_ports}
     # Every annotated port is a pool target port (the picker ignores the others).
     targets = set(router.pool_target_ports(spec))
     for role in ("prefill", "decode"):

@@ -54,6 +54,9 @@ DECODE_ENGINE_BASE_PORT = 8200
 # InferencePool.spec.targetPorts holds at most 8 entries (GIE api/v1 inferencepool_types.go).
 MAX_TARGET_PORTS = 8
 ACTIVE_PORTS_ANNOTATION = "llm-d.ai/active-ports"
+# The key before llm-d-router PR #922; llm-d-router still reads it when the new one is
+# absent, upstream GIE pickers read only this one. Same value, so any picker agrees.
+LEGACY_ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 
 SIDECAR_NAME = "routing-proxy"
 NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar)
@@ -103,7 +106,8 @@ def pool_target_ports(spec: api.LongContextDeploymentSpec) -> list[int]:
 def pod_annotations(spec: api.LongContextDeploymentSpec, role: str) -> dict[str, str]:
     """Annotations every serving pod of `role` must carry so that the picker offers only the
     ports that pod really serves (llm-d.ai/active-ports, read by the picker's datastore)."""
-    return {ACTIVE_PORTS_ANNOTATION: ",".join(str(p) for p in serving_ports(spec, role))}
+    ports = ",".join(str(p) for p in serving_ports(spec, role))
+    return {ACTIVE_PORTS_ANNOTATION: ports, LEGACY_ACTIVE_PORTS_ANNOTATION: ports}
 
 
 # ---------------------------------------------------------------- picker config
