@@ -67,7 +67,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import main as handlers  # noqa: F401  (registers the handlers)
+    from . import main  # noqa: F401  (importing it registers the handlers)
 
     os.environ.setdefault("LONGCTX_METRICS_PORT", str(args.metrics_port))
     os.environ.setdefault("LONGCTX_METRICS_ADDRESS", args.metrics_address)

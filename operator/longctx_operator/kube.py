@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from typing import Any, Callable, TypeVar
@@ -55,7 +56,8 @@ class Kube:
         try:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
+            # Read KUBECONFIG now: the client captures it once, at import time.
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         return cls()
 
     # -- low level

@@ -63,9 +63,11 @@ def main() -> int:
             out = cp.kubectl("get", "lcd", "glm", "-n", NAMESPACE, "-o", "json", check=False)
             status = json.loads(out.stdout).get("status", {}) if out.returncode == 0 else {}
             conds = {c["type"]: c for c in status.get("conditions", [])}
-            line = (f"    phase={status.get('phase', '-')} prefill={status.get('prefill', {})
-                    .get('summary', '-')} decode={status.get('decode', {}).get('summary', '-')}"
-                    f" router={conds.get('RouterReady', {}).get('status', '-')}")
+            prefill = status.get("prefill", {}).get("summary", "-")
+            decode = status.get("decode", {}).get("summary", "-")
+            router = conds.get("RouterReady", {}).get("status", "-")
+            line = (f"    phase={status.get('phase', '-')} prefill={prefill} decode={decode} "
+                    f"router={router}")
             if line != last:
                 print(line, flush=True)
                 last = line

@@ -13,7 +13,7 @@ from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, MODEL_MOUNT, engin
                                     host_memory_bytes, shm_bytes)
 
 from .. import naming
-from .router import routing_sidecar
+from .router import pod_annotations, routing_sidecar
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
 TERMINATION_GRACE_SECONDS = 120
@@ -185,8 +185,12 @@ def statefulset(cr: dict[str, Any], spec: LongContextDeploymentSpec, role: str,
         pod_spec["nodeSelector"] = dict(spec.placement.nodeSelector)
     if spec.placement.priorityClassName:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
-    if role == "decode" and spec.router.enabled:
-        pod_spec["initContainers"] = [routing_sidecar(cr_name, spec)]
+    annotations = {"longctx.dev/engine-config": config_digest}
+    if spec.router.enabled:
+        # The picker offers only the ports this pod serves (one per rank).
+        annotations.update(pod_annotations(spec, role))
+        if role == "decode":
+            pod_spec["initContainers"] = [routing_sidecar(cr_name, spec)]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": _meta(cr, naming.statefulset(cr_name, role), role),
@@ -197,8 +201,7 @@ def statefulset(cr: dict[str, Any], spec: LongContextDeploymentSpec, role: str,
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": naming.selector_labels(cr_name, role)},
             "template": {
-                "metadata": {"labels": naming.labels(cr_name, role),
-                             "annotations": {"longctx.dev/engine-config": config_digest}},
+                "metadata": {"labels": naming.labels(cr_name, role), "annotations": annotations},
                 "spec": pod_spec,
             },
         },
