@@ -301,3 +301,25 @@ def test_kustomize_base_is_generated_from_the_chart(helm, tmp_path):
     kustomization = yaml.safe_load((KUSTOMIZE_BASE / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(
         ["namespace.yaml", *(str(r) for r in generated)])
+
+
+def test_gitops_doc_examples_are_valid_yaml_pointing_at_this_chart():
+    import re
+
+    doc = (CHART.parents[1] / "docs" / "gitops.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+    kinds = {}
+    for block in blocks:
+        for d in yaml.safe_load_all(block):
+            if d:
+                kinds.setdefault(d["kind"], []).append(d)
+    assert {"Application", "HelmRelease", "GitRepository", "ConfigMap", "Kustomization"} <= set(
+        kinds), kinds.keys()
+    (release,) = kinds["HelmRelease"]
+    assert release["spec"]["chart"]["spec"]["chart"] == "./charts/longctx"
+    assert release["spec"]["upgrade"]["crds"] == "CreateReplace"
+    apps = [a for a in kinds["Application"] if a["spec"]["source"].get("path") == "charts/longctx"]
+    assert apps and "ServerSideApply=true" in apps[0]["spec"]["syncPolicy"]["syncOptions"]
+    (cm,) = kinds["ConfigMap"]
+    assert "resource.customizations.health.longctx.dev_LongContextDeployment" in cm["data"]
+    assert (CHART / "files" / "argocd" / "health.lua").is_file()
