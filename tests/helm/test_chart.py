@@ -234,12 +234,34 @@ def test_no_wildcards_and_no_escalation_verbs(render):
                                             "customresourcedefinitions", "namespaces"), resource
 
 
+def _operator_facts() -> dict:
+    """What the operator code declares, read in a child process: importing the operator
+    here would import the kubernetes client before the cluster fixture sets KUBECONFIG, and
+    the client keeps the kubeconfig path it saw at import (Kopf's login then fails)."""
+    import json
+    import sys
+
+    code = ("import json\n"
+            "from longctx_operator.builders.router import picker_rules\n"
+            "from longctx_operator.desired import MANAGED_KINDS\n"
+            "from longctx_operator.kube import PLURALS\n"
+            "from longctx_operator.main import CHILD_RESOURCES\n"
+            "print(json.dumps({'picker_rules': picker_rules(), 'managed': MANAGED_KINDS,\n"
+            "                  'plurals': PLURALS, 'children': CHILD_RESOURCES}))\n")
+    repo = CHART.parents[1]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(
+        str(repo / p) for p in ("engine", "operator", "kernels", "."))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def test_rbac_covers_what_the_operator_code_uses(render):
     """Ties the chart to the code: a new child kind without RBAC fails here."""
-    from longctx_operator.builders.router import picker_rules
-    from longctx_operator.desired import MANAGED_KINDS
-    from longctx_operator.kube import PLURALS
-    from longctx_operator.main import CHILD_RESOURCES
+    facts = _operator_facts()
+    picker_rules, MANAGED_KINDS = facts["picker_rules"], facts["managed"]
+    PLURALS, CHILD_RESOURCES = facts["plurals"], facts["children"]
 
     granted = grants(render()["ClusterRole"][0]["rules"])
     for api_version, kind in MANAGED_KINDS:
@@ -250,7 +272,7 @@ def test_rbac_covers_what_the_operator_code_uses(render):
         for verb in ("list", "watch"):
             assert (group, plural, verb) in granted, (plural, verb)
     # RBAC forbids granting what one does not hold: the picker Role the operator creates.
-    assert grants(picker_rules()) <= granted, grants(picker_rules()) - granted
+    assert grants(picker_rules) <= granted, grants(picker_rules) - granted
 
 
 # ---------------------------------------------------------------- CRDs
