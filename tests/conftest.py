@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,11 @@ for sub in ("engine", "operator", "kernels"):
         sys.path.insert(0, str(REPO / sub))
 
 from tests.cluster.controlplane import ControlPlane, ControlPlaneError, model_volume  # noqa: E402
+
+# The kubernetes client reads KUBECONFIG once, at import, and Kopf logs in through it: fix
+# the path before anything imports it; the session's control plane writes the file there.
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="longctx-cp-"))
+os.environ["KUBECONFIG"] = str(SESSION_DIR / "kubeconfig")
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 CRD_FILE = REPO / "crds" / "longctx.dev_longcontextdeployments.yaml"
@@ -88,10 +95,11 @@ def example_cr(name: str = "glm", **spec_overrides: Any) -> dict:
 def cluster() -> Iterator[Cluster]:
     """The real control plane. Never skipped: a failure to build or start it fails the tests."""
     try:
-        cp = ControlPlane(nodes=int(os.environ.get("LONGCTX_TEST_NODES", "4"))).start()
+        cp = ControlPlane(nodes=int(os.environ.get("LONGCTX_TEST_NODES", "4")),
+                          workdir=SESSION_DIR).start()
     except ControlPlaneError as exc:
         pytest.fail(f"the local control plane could not start: {exc}", pytrace=False)
-    os.environ["KUBECONFIG"] = str(cp.kubeconfig)
+    assert Path(os.environ["KUBECONFIG"]) == cp.kubeconfig
     c = Cluster(cp)
     print(f"\n[cluster] real kube-apiserver {cp.version()} at {cp.server}", file=sys.stderr)
     c.install_crds()
@@ -99,6 +107,8 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         cp.stop()
+        if not os.environ.get("LONGCTX_KEEP_CLUSTER_DIR"):
+            shutil.rmtree(SESSION_DIR, ignore_errors=True)
 
 
 def kopf_settings():

@@ -84,8 +84,9 @@ def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):
         time.sleep(2)
     after = children(cluster, namespace)
     assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
-    status_writes = [m for m in cluster.get("lcd", "glm", namespace)["metadata"]["managedFields"]
-                     if m.get("subresource") == "status"]
+    managed = json.loads(cluster.kubectl("get", "lcd", "glm", "-n", namespace, "-o", "json",
+                                         "--show-managed-fields").stdout)["metadata"]["managedFields"]
+    status_writes = [m for m in managed if m.get("subresource") == "status"]
     assert status_writes, "the operator wrote the status at least once"
     # The CR changed only through the labels above, never through its status.
     latest = cluster.get("lcd", "glm", namespace)
