@@ -53,8 +53,8 @@ regen_etcd_wrapper() {
   go mod tidy
 }
 
-version_ok() { # binary, expected substring
-  [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -q -- "$2"
+version_ok() { # binary, expected substring, [version command]
+  [[ -x "$1" ]] && "$1" ${3:---version} 2>/dev/null | grep -q -- "$2"
 }
 
 timed() { # label, command...
@@ -122,7 +122,7 @@ main() {
   local t0=$SECONDS
   version_ok "$BIN/etcd" "etcd Version: $ETCD_VERSION" || timed "etcd v$ETCD_VERSION" build_etcd
   version_ok "$BIN/kwok" "$KWOK_VERSION" || timed "kwok v$KWOK_VERSION" build_kwok
-  version_ok "$BIN/helm" "v$HELM_VERSION" || timed "helm v$HELM_VERSION" build_helm
+  version_ok "$BIN/helm" "v$HELM_VERSION" "version --short" || timed "helm v$HELM_VERSION" build_helm
   if ! { version_ok "$BIN/kube-apiserver" "Kubernetes v$K8S_VERSION" \
          && version_ok "$BIN/kube-controller-manager" "Kubernetes v$K8S_VERSION" \
          && version_ok "$BIN/kube-scheduler" "Kubernetes v$K8S_VERSION" \
