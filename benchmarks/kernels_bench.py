@@ -130,26 +130,34 @@ def bench_indexer(gen):
     logits = indexer_logits(q, w, k, ks, table, lens, seq_len)
     ref = indexer_logits_reference(q, w, k, ks, table, lens, seq_len)
     err = rel_err(logits, ref)
-    ids = radix_topk(logits, lens, topk)
     ref_vals = torch.topk(logits, topk, dim=1).values.sort(dim=1).values
-    topk_ok = torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values, ref_vals) and \
-        all(ids[b].unique().numel() == topk for b in range(batch))
     del ref
-    cfgs = [(p, nw) for p in (2, 4, 8) for nw in (4, 8)]
-    ms, cfg = best(cfgs, lambda c: (lambda: indexer_logits(q, w, k, ks, table, lens, seq_len,
-                                                           pages_per_prog=c[0], num_warps=c[1], out=logits)))
+    # Before (first version, 2026-11-30): 8 pages/program, 4 warps, statically unrolled page loop: 276.8 us.
+    # (pages/program, warps, stages, unrolled page loop)
+    cfgs = [(p, 4, 1, True) for p in (4, 8, 16)] + [(8, 8, 1, True), (16, 4, 2, False), (32, 4, 3, False)]
+    ms, cfg = best(cfgs, lambda c: (lambda: indexer_logits(q, w, k, ks, table, lens, seq_len, pages_per_prog=c[0],
+                                                           num_warps=c[1], num_stages=c[2], unroll=c[3], out=logits)))
     key_bytes = batch * seq_len * 132
     io_bytes = batch * heads * (128 + 4) + 4 * batch * seq_len
     row("indexer_logits (fp8)", f"B={batch} L=64K H_I={heads}", ms, key_bytes + io_bytes,
         2 * batch * heads * 128 * seq_len, check=f"err {err:.1e}",
-        note=f"pages/prog,warps={cfg}; FLOP floor at bf16 rate (fp8 is 2x)")
-    ms_t, cfg_t = best([(4096, 16), (8192, 16), (2048, 8)], lambda c: (lambda: radix_topk(logits, lens, topk, c[0], c[1])))
+        note=f"pages/prog,warps,stages,unrolled={cfg}; FLOP floor at bf16 rate (fp8 is 2x); DeepGEMM 149 us")
+    # Multi-program radix select: (chunk, block, warps); then the first version (one program per request).
+    ms_t, cfg_t = best([(4096, 4096, 8), (2048, 2048, 8), (2048, 2048, 4), (8192, 4096, 8), (1024, 1024, 4)],
+                       lambda c: (lambda: radix_topk(logits, lens, topk, c[1], c[2], chunk=c[0])))
+    ids = radix_topk(logits, lens, topk, cfg_t[1], cfg_t[2], chunk=cfg_t[0])
+    topk_ok = torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values, ref_vals) and \
+        all(ids[b].unique().numel() == topk for b in range(batch))
     row("radix_topk 2048", f"B={batch} L=64K", ms_t, 4 * batch * seq_len + 4 * batch * topk,
-        check="exact set" if topk_ok else "WRONG", note=f"block,warps={cfg_t}; 5 passes over L2-resident logits")
+        check="exact set" if topk_ok else "WRONG", note=f"chunk,block,warps={cfg_t}; 5 launches, logits L2-resident")
+    ms_single = measure.graph_median_ms(lambda: radix_topk(logits, lens, topk, 8192, 16, chunk=None))
+    print(f"    (first version, one program per request: {ms_single*1e3:.1f} us)")
     ms_torch = measure.graph_median_ms(lambda: torch.topk(logits, topk, dim=1))
-    print(f"    (torch.topk on the same logits: {ms_torch*1e3:.1f} us)")
-    ms_all = measure.graph_median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1]),
-                                                  lens, topk, cfg_t[0], cfg_t[1]))
+    row("torch.topk 2048 (reference point)", f"B={batch} L=64K", ms_torch, 4 * batch * seq_len + 8 * batch * topk,
+        check="", note="values + int64 ids, sorted")
+    ms_all = measure.graph_median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1],
+                                                                       num_stages=cfg[2], unroll=cfg[3], out=logits),
+                                                        lens, topk, cfg_t[1], cfg_t[2], chunk=cfg_t[0]))
     row("indexer logits + top-k", f"B={batch} L=64K H_I={heads} K={topk}", ms_all,
         key_bytes + io_bytes + 4 * batch * seq_len, check="", note="DeepGEMM logits alone: 149 us")
 
@@ -165,25 +173,31 @@ def bench_sparse_mla(gen):
     # Each request selects 2048 distinct tokens of its own 64K-token context.
     slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
     sm_scale = 576**-0.5
+    bf = torch.bfloat16
+    # config: (block_h, splits, warps, stages, block_k, partial dtype). Before (first version): H=8 110.5 us,
+    # H=64 154.7 us (per-group dots, fp32 partials).
     for heads, cfgs in [
-        (8, [(16, s, nw, st, bk) for s in (2, 4) for nw in (4, 8) for st in (2, 3) for bk in (32, 64)]),
-        (64, [(64, s, 8, st, bk) for s in (1, 2, 4) for st in (2, 3) for bk in (32, 64)]),
+        (8, [(16, s, 4, st, 32, bf) for s in (8, 16, 32) for st in (1, 2)] + [(16, 16, 4, 2, 64, bf), (16, 16, 8, 2, 64, bf)]),
+        (64, [(64, s, 8, st, 32, bf) for s in (2, 4) for st in (1, 2)] + [(32, 4, 4, 2, 32, bf), (32, 4, 8, 2, 32, bf)]),
     ]:
         q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
         out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-        sparse_mla_decode(q, cache, slots, sm_scale, num_splits=cfgs[0][1], block_h=cfgs[0][0], out=out)
+        sparse_mla_decode(q, cache, slots, sm_scale, num_splits=cfgs[0][1], block_h=cfgs[0][0], out=out,
+                          partial_dtype=bf)
         ref, _ = sparse_mla_decode_reference(q, cache, slots, sm_scale)
         err = rel_err(out, ref)
         del ref
         ms, cfg = best(cfgs, lambda c: (lambda: sparse_mla_decode(q, cache, slots, sm_scale, num_splits=c[1], block_h=c[0],
-                                                                    num_warps=c[2], num_stages=c[3], block_k=c[4])))
+                                                                    num_warps=c[2], num_stages=c[3], block_k=c[4],
+                                                                    partial_dtype=c[5])))
         bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
         row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
-            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages,block_k={cfg}")
+            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages,block_k={cfg[:5]}, bf16 partials")
         # Diagnostic: the same work with each request's slots sorted (gather locality only changes).
         sorted_slots = slots.sort(dim=1).values
         ms_sorted = measure.graph_median_ms(lambda: sparse_mla_decode(q, cache, sorted_slots, sm_scale, num_splits=cfg[1],
-                                            block_h=cfg[0], num_warps=cfg[2], num_stages=cfg[3], block_k=cfg[4]))
+                                            block_h=cfg[0], num_warps=cfg[2], num_stages=cfg[3], block_k=cfg[4],
+                                            partial_dtype=cfg[5]))
         print(f"    (same with sorted slots: {ms_sorted*1e3:.1f} us)", flush=True)
 
 
@@ -197,10 +211,49 @@ def bench_hisparse_gather(gen):
     dst = torch.randperm(misses, device="cuda", generator=gen)
     gather_rows(pool, src, hot, dst)
     ok = torch.equal(hot[dst].cpu(), pool[src.cpu()])
-    cfgs = [(r, nw) for r in (8, 16, 32, 64) for nw in (2, 4, 8)]
-    ms, cfg = best(cfgs, lambda c: (lambda: gather_rows(pool, src, hot, dst, rows_per_prog=c[0], num_warps=c[1])))
+    ms_old = measure.graph_median_ms(lambda: gather_rows(pool, src, hot, dst, rows_per_prog=16, num_warps=4))
+    print(f"    (first version, 16 rows/program, 4 warps: {ms_old*1e3:.1f} us)")
+    cfgs = [(vb, nw) for vb in (512, 1024, 2048, 4096) for nw in (4, 8)]
+    ms, cfg = best(cfgs, lambda c: (lambda: gather_rows(pool, src, hot, dst, num_warps=c[1], vec_block=c[0])))
+    hot.zero_()
+    gather_rows(pool, src, hot, dst, num_warps=cfg[1], vec_block=cfg[0])
+    ok = ok and torch.equal(hot[dst].cpu(), pool[src.cpu()])
     row("hisparse_gather (UVA)", f"{misses} random 656-B rows of 4M pinned", ms, misses * 656, link="PCIe",
-        check="bit-exact" if ok else "WRONG", note=f"rows/prog,warps={cfg}; target >= 80% of pinned H2D")
+        check="bit-exact" if ok else "WRONG", note=f"16-B vectors/prog,warps={cfg}; target >= 80% of pinned H2D")
+    # What limits it: the same kernel on consecutive rows, and the copy engine on the same bytes.
+    seq_src = torch.arange(misses, device="cuda")
+    ms_seq = measure.graph_median_ms(lambda: gather_rows(pool, seq_src, hot, dst, num_warps=cfg[1], vec_block=cfg[0]))
+    flat = pool[:misses]
+    ms_ce = measure.graph_median_ms(lambda: hot.copy_(flat, non_blocking=True))
+    print(f"    SM zero-copy on {misses} consecutive rows: {ms_seq*1e3:.1f} us = {misses*656/ms_seq/1e6:.1f} GB/s; "
+          f"copy engine, same {misses*656/1e6:.0f} MB contiguous: {ms_ce*1e3:.1f} us = {misses*656/ms_ce/1e6:.1f} GB/s",
+          flush=True)
+    ROWS.append(dict(kernel="hisparse diagnostics", sm_consecutive_GBps=misses * 656 / ms_seq / 1e6,
+                     copy_engine_contiguous_GBps=misses * 656 / ms_ce / 1e6, first_version_us=ms_old * 1e3))
+    try:  # copy engines on the same random rows: one cudaMemcpyBatchAsync of 656-B copies (CUDA >= 12.8)
+        from cuda.bindings import runtime as cudart
+        import time as _t
+        n = 16384
+        srcs = [pool.data_ptr() + 656 * int(r) for r in src[:n].cpu()]
+        dsts = [hot.data_ptr() + 656 * int(r) for r in dst[:n].cpu()]
+        sizes = [656] * n
+        attr = cudart.cudaMemcpyAttributes()
+        attr.srcAccessOrder = cudart.cudaMemcpySrcAccessOrder.cudaMemcpySrcAccessOrderStream
+        stream = torch.cuda.current_stream().cuda_stream
+        def batch():
+            res = cudart.cudaMemcpyBatchAsync(dsts, srcs, sizes, n, [attr], [0], 1, stream)
+            if res[0] != cudart.cudaError_t.cudaSuccess:
+                raise RuntimeError(str(res))
+        batch(); torch.cuda.synchronize()
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = _t.perf_counter(); ev0.record(); batch(); ev1.record(); torch.cuda.synchronize(); wall = _t.perf_counter() - t0
+        gpu_ms = ev0.elapsed_time(ev1)
+        okb = torch.equal(hot[dst[:n]].cpu(), pool[src[:n].cpu()])
+        print(f"    cudaMemcpyBatchAsync {n} x 656 B: GPU {gpu_ms*1e3:.0f} us = {n*656/gpu_ms/1e6:.1f} GB/s, "
+              f"wall incl. submit {wall*1e6:.0f} us, correct={okb}", flush=True)
+        ROWS.append(dict(kernel="hisparse memcpy batch", rows=n, gpu_us=gpu_ms * 1e3, wall_us=wall * 1e6, ok=okb))
+    except Exception as exc:
+        print(f"    cudaMemcpyBatchAsync: not measured ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
 
 
 def _overlap_worker(rank, world, port, results):
@@ -263,20 +316,35 @@ def bench_dcp_overlap():
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(_overlap_worker, args=(2, measure._free_loopback_port(), results), nprocs=2, start_method="spawn")
-    t = results.get()
-    base = t["compute only"]
-    print("  DCP=2 decode step, 8 layers x 2 micro-batches, B=64 H=64 L=64K (per rank L/2, K/2):")
-    for name, ms in t.items():
-        print(f"    {name:22s} {ms*1e3:9.1f} us  overhead vs compute only {100*(ms/base-1):+5.1f}%")
-    ROWS.append(dict(kernel="dcp_q_allgather overlap", times_us={k: v * 1e3 for k, v in t.items()},
-                     overhead_sequential=t["gather then compute"] / base - 1, overhead_overlapped=t["overlapped"] / base - 1))
+    # NCCL's default channel count, then the all-gather held to 2 and to 1 channel (fewer SMs taken
+    # from the compute kernels it overlaps with). NCCL reads the variable at communicator creation.
+    for channels in (None, "2", "1"):
+        saved = os.environ.get("NCCL_MAX_NCHANNELS")
+        if channels is not None:
+            os.environ["NCCL_MAX_NCHANNELS"] = channels
+        try:
+            results = ctx.SimpleQueue()
+            mp.start_processes(_overlap_worker, args=(2, measure._free_loopback_port(), results), nprocs=2,
+                               start_method="spawn")
+            t = results.get()
+        finally:
+            if saved is None:
+                os.environ.pop("NCCL_MAX_NCHANNELS", None)
+            else:
+                os.environ["NCCL_MAX_NCHANNELS"] = saved
+        base = t["compute only"]
+        print(f"  DCP=2 decode step, 8 layers x 2 micro-batches, B=64 H=64 L=64K (per rank L/2, K/2), "
+              f"NCCL_MAX_NCHANNELS={channels or 'default'}:")
+        for name, ms in t.items():
+            print(f"    {name:22s} {ms*1e3:9.1f} us  overhead vs compute only {100*(ms/base-1):+5.1f}%")
+        ROWS.append(dict(kernel="dcp_q_allgather overlap", nccl_max_nchannels=channels, times_us={k: v * 1e3 for k, v in t.items()},
+                         overhead_sequential=t["gather then compute"] / base - 1, overhead_overlapped=t["overlapped"] / base - 1))
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write all rows and ceilings here")
+    parser.add_argument("--only", default="", help="comma list of sections: lse,cp,indexer,mla,gather,overlap")
     args = parser.parse_args()
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip().splitlines()
@@ -285,13 +353,16 @@ def main():
     print("environment:", env, flush=True)
     bench_ceilings()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    sections = [bench_lse_merge, bench_cp_sharding, lambda: bench_indexer(gen), lambda: bench_sparse_mla(gen),
-                lambda: bench_hisparse_gather(gen)]
+    sections = [("lse", bench_lse_merge), ("cp", bench_cp_sharding), ("indexer", lambda: bench_indexer(gen)),
+                ("mla", lambda: bench_sparse_mla(gen)), ("gather", lambda: bench_hisparse_gather(gen))]
     if torch.cuda.device_count() >= 2:
-        sections.append(bench_dcp_overlap)
+        sections.append(("overlap", bench_dcp_overlap))
     else:
         print("DCP all-gather overlap: skipped, only 1 GPU visible")
-    for section in sections:
+    only = [x for x in args.only.split(",") if x]
+    for name, section in sections:
+        if only and name not in only:
+            continue
         start = time.time()
         try:
             section()

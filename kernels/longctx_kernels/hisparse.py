@@ -92,15 +92,38 @@ def _gather_rows_kernel(
     tl.store(dst_ptr + dst[:, None] * ROW_WORDS + w[None, :], vals, mask=mask, cache_modifier=".cg")
 
 
+@triton.jit
+def _gather_vecs_kernel(
+    src_ptr, dst_ptr, src_rows_ptr, dst_rows_ptr, num_vecs,
+    VECS_PER_ROW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # The copy as a flat list of 16-B vectors (row i, vector j): no masked-off
+    # lanes (a 656-B row is 41 vectors, not a power of two), consecutive lanes
+    # read consecutive 16 B of a row, and BLOCK vectors (many rows) are in
+    # flight per program.
+    v = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = v < num_vecs
+    i = v // VECS_PER_ROW
+    j = v % VECS_PER_ROW
+    src = tl.load(src_rows_ptr + i, mask=ok, other=0).to(tl.int64)
+    dst = tl.load(dst_rows_ptr + i, mask=ok, other=0).to(tl.int64)
+    w = tl.arange(0, 4)
+    vals = tl.load(src_ptr + ((src * VECS_PER_ROW + j) * 4)[:, None] + w[None, :], mask=ok[:, None],
+                   cache_modifier=".cg")
+    tl.store(dst_ptr + ((dst * VECS_PER_ROW + j) * 4)[:, None] + w[None, :], vals, mask=ok[:, None],
+             cache_modifier=".cg")
+
+
 def gather_rows(
     host_pool: torch.Tensor, src_rows: torch.Tensor, hot: torch.Tensor, dst_rows: torch.Tensor,
-    rows_per_prog: int = 16, num_warps: int = 4,
+    rows_per_prog: int = 16, num_warps: int = 4, vec_block: int | None = None,
 ) -> None:
     """Triton version of :func:`gather_rows_reference`.
 
     host_pool: [R, row_bytes] uint8, pinned (page-locked) host memory when
     ``hot`` is on the GPU; row_bytes a multiple of 16. src_rows/dst_rows: int
-    tensors on hot's device.
+    tensors on hot's device. ``vec_block`` set: the flat 16-B-vector kernel
+    with that many vectors per program; else one program per ``rows_per_prog`` rows.
     """
     row_bytes = host_pool.shape[1]
     assert row_bytes % 16 == 0 and hot.shape[1] == row_bytes
@@ -111,6 +134,13 @@ def gather_rows(
     if n == 0:
         return
     words = row_bytes // 4
+    if vec_block is not None:
+        vecs = n * (row_bytes // 16)
+        _gather_vecs_kernel[(triton.cdiv(vecs, vec_block),)](
+            host_pool.view(torch.int32), hot.view(torch.int32), src_rows, dst_rows, vecs,
+            VECS_PER_ROW=row_bytes // 16, BLOCK=vec_block, num_warps=num_warps,
+        )
+        return
     _gather_rows_kernel[(triton.cdiv(n, rows_per_prog),)](
         host_pool.view(torch.int32), hot.view(torch.int32), src_rows, dst_rows, n,
         ROW_WORDS=words, ROWS_PER_PROG=rows_per_prog, BLOCK_WORDS=triton.next_power_of_2(words),

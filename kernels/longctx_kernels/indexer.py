@@ -8,7 +8,8 @@ q is fp8 too and its own scale is folded into ``w`` by the caller.
 
 Top-k is a radix select: four 8-bit histogram passes over the row's logits find
 the k-th largest key exactly, and a last pass writes the ids of every larger
-element plus enough ties. Ids are unordered; slots past min(k, seq_len) are -1.
+element plus enough ties. Each pass runs as many programs per request (one per
+chunk of the row), whose histograms meet in global memory through atomics. Ids are unordered; slots past min(k, seq_len) are -1.
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, ks_ptr, bt_ptr, seq_lens_ptr, out_ptr,
     max_len, max_blocks,
     H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    PAGES_PER_PROG: tl.constexpr,
+    PAGES_PER_PROG: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    # Program = (request, PAGES_PER_PROG pages). q is loaded once and reused for
-    # every page; each page's 64 keys are one MMA tile [H, D] x [D, 64].
+    # Program = (request, PAGES_PER_PROG pages). q and w are loaded once and
+    # reused for every page; each page's 64 keys are one fp8 MMA tile
+    # [64, D] x [D, H]. The page loop is unrolled (UNROLL) or a runtime loop
+    # that Triton's pipeliner can software-pipeline (num_stages).
     b = tl.program_id(0)
     seq_len = tl.load(seq_lens_ptr + b)
     first_page = tl.program_id(1) * PAGES_PER_PROG
@@ -69,22 +72,38 @@ def _indexer_logits_kernel(
         return
     h = tl.arange(0, H)
     d = tl.arange(0, D)
-    t = tl.arange(0, BLOCK_SIZE)
     q = tl.load(q_ptr + b * H * D + h[:, None] * D + d[None, :]).to(tl.float8e4nv, bitcast=True)
     w = tl.load(w_ptr + b * H + h)
-    for p in tl.static_range(PAGES_PER_PROG):
-        page = first_page + p
-        pos = page * BLOCK_SIZE + t
-        valid = pos < seq_len
-        block = tl.load(bt_ptr + b * max_blocks + page, mask=page < max_blocks, other=0).to(tl.int64)
-        k = tl.load(
-            k_ptr + block * (BLOCK_SIZE * D) + t[:, None] * D + d[None, :], mask=valid[:, None], other=0
-        ).to(tl.float8e4nv, bitcast=True)
-        scale = tl.load(ks_ptr + block * BLOCK_SIZE + t, mask=valid, other=0.0)
-        scores = tl.dot(q, tl.trans(k))  # fp8 MMA (sm_89+), fp32 [H, BLOCK_SIZE]
-        logits = tl.sum(tl.maximum(scores, 0.0) * w[:, None], axis=0) * scale
-        logits = tl.where(valid, logits, float("-inf"))
-        tl.store(out_ptr + b * max_len + pos, logits, mask=pos < max_len)
+    if UNROLL:
+        for p in tl.static_range(PAGES_PER_PROG):
+            _indexer_page(k_ptr, ks_ptr, bt_ptr, out_ptr, q, w, b, first_page + p, seq_len, max_len, max_blocks,
+                          D, BLOCK_SIZE)
+    else:
+        last_page = tl.minimum(first_page + PAGES_PER_PROG, tl.cdiv(seq_len, BLOCK_SIZE))
+        for page in range(first_page, last_page):
+            _indexer_page(k_ptr, ks_ptr, bt_ptr, out_ptr, q, w, b, page, seq_len, max_len, max_blocks,
+                          D, BLOCK_SIZE)
+
+
+@triton.jit
+def _indexer_page(k_ptr, ks_ptr, bt_ptr, out_ptr, q, w, b, page, seq_len, max_len, max_blocks,
+                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Keys are the MMA's M side: scores^T = k [64, D] x q^T [D, H], so the sum
+    # over heads is a reduction along each thread's own row (no cross-warp
+    # shared-memory reduction, as a sum over the M axis would need).
+    t = tl.arange(0, BLOCK_SIZE)
+    d = tl.arange(0, D)
+    pos = page * BLOCK_SIZE + t
+    valid = pos < seq_len
+    block = tl.load(bt_ptr + b * max_blocks + page, mask=page < max_blocks, other=0).to(tl.int64)
+    k = tl.load(
+        k_ptr + block * (BLOCK_SIZE * D) + t[:, None] * D + d[None, :], mask=valid[:, None], other=0
+    ).to(tl.float8e4nv, bitcast=True)
+    scale = tl.load(ks_ptr + block * BLOCK_SIZE + t, mask=valid, other=0.0)
+    scores = tl.dot(k, tl.trans(q))  # fp8 MMA (sm_89+), fp32 [BLOCK_SIZE, H]
+    logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1) * scale
+    logits = tl.where(valid, logits, float("-inf"))
+    tl.store(out_ptr + b * max_len + pos, logits, mask=pos < max_len)
 
 
 @triton.jit
@@ -101,7 +120,7 @@ def _fill_neg_inf_tail_kernel(out_ptr, seq_lens_ptr, max_len, BLOCK: tl.constexp
 
 def indexer_logits(
     q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len: int,
-    pages_per_prog: int = 4, num_warps: int = 4, out: torch.Tensor | None = None,
+    pages_per_prog: int = 8, num_warps: int = 4, out: torch.Tensor | None = None, num_stages: int = 3, unroll: bool = True,
 ) -> torch.Tensor:
     """Triton version of :func:`indexer_logits_reference` (GPU path needs sm_89+ for fp8 MMA)."""
     batch, heads, dim = q_fp8.shape
@@ -112,8 +131,8 @@ def indexer_logits(
     _indexer_logits_kernel[grid](
         q_fp8.view(torch.uint8), weights.float().contiguous(), k_fp8.view(torch.uint8), k_scale,
         block_table, seq_lens, out, max_len, block_table.shape[1],
-        H=heads, D=dim, BLOCK_SIZE=block_size, PAGES_PER_PROG=pages_per_prog,
-        num_warps=num_warps,
+        H=heads, D=dim, BLOCK_SIZE=block_size, PAGES_PER_PROG=pages_per_prog, UNROLL=unroll,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _fill_neg_inf_tail_kernel[(batch,)](out, seq_lens, max_len, BLOCK=block_size * pages_per_prog)
     return out
@@ -174,15 +193,124 @@ def _radix_topk_kernel(
         tl.store(out_ptr + b * K + slot, -1, mask=(slot >= k_eff) & (slot < K))
 
 
+@triton.jit
+def _prefix_from_hists(hist_ptr, b, B, k_eff, NUM_PASSES: tl.constexpr):
+    # Replays the digit choices of the finished passes from their row
+    # histograms (bins in descending digit order): the k-th largest key's top
+    # 8*NUM_PASSES bits, and how many of the k are still to be found among the
+    # keys that share them.
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), dtype=tl.uint32)
+    remaining = k_eff
+    for p in tl.static_range(NUM_PASSES):
+        hist = tl.load(hist_ptr + (p * B + b) * 256 + bins)
+        cum = tl.cumsum(hist, 0)
+        chosen = tl.min(tl.where(cum >= remaining, bins, 255))
+        remaining -= tl.sum(tl.where(bins < chosen, hist, 0))
+        prefix = prefix | ((255 - chosen).to(tl.uint32) << (24 - 8 * p))
+    return prefix, remaining
+
+
+@triton.jit
+def _radix_hist_kernel(
+    logits_ptr, seq_lens_ptr, hist_ptr, B, max_len,
+    K: tl.constexpr, PASS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # Program = (request, chunk of its logits): histogram of digit PASS of the
+    # keys that still match the prefix, added into the row's histogram.
+    b = tl.program_id(0)
+    c0 = tl.program_id(1) * CHUNK
+    seq_len = tl.load(seq_lens_ptr + b)
+    if c0 >= seq_len:
+        return
+    k_eff = tl.minimum(seq_len, K)
+    prefix, remaining = _prefix_from_hists(hist_ptr, b, B, k_eff, PASS)
+    shift = 24 - 8 * PASS
+    prefix_mask = (0xFFFFFFFF << (32 - 8 * PASS)) & 0xFFFFFFFF
+    row = logits_ptr + b * max_len
+    # 256 bins only (Triton's histogram costs grow with the bin count):
+    # non-candidates are counted into bin 0, and taken out again below.
+    hist = tl.zeros((256,), dtype=tl.int32)
+    others = tl.zeros((), dtype=tl.int32)
+    for t0 in range(c0, tl.minimum(c0 + CHUNK, seq_len), BLOCK):
+        pos = t0 + tl.arange(0, BLOCK)
+        ok = pos < seq_len
+        key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
+        candidate = ok & ((key & prefix_mask) == prefix)
+        bin_id = tl.where(candidate, 255 - ((key >> shift) & 0xFF).to(tl.int32), 0)
+        hist += tl.histogram(bin_id, 256)
+        others += tl.sum((~candidate).to(tl.int32))
+    bins = tl.arange(0, 256)
+    hist = tl.where(bins == 0, hist - others, hist)
+    tl.atomic_add(hist_ptr + (PASS * B + b) * 256 + bins, hist, mask=hist > 0)
+
+
+@triton.jit
+def _radix_collect_kernel(
+    logits_ptr, seq_lens_ptr, hist_ptr, count_ptr, out_ptr, B, max_len,
+    K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # Program = (request, chunk): ids of keys above the k-th largest go to
+    # slots [0, num_greater) and ties to [num_greater, k_eff), each block of
+    # them placed by one atomic on the row's counters.
+    b = tl.program_id(0)
+    c0 = tl.program_id(1) * CHUNK
+    seq_len = tl.load(seq_lens_ptr + b)
+    k_eff = tl.minimum(seq_len, K)
+    if tl.program_id(1) == 0:
+        for s0 in range(0, K, BLOCK):
+            slot = s0 + tl.arange(0, BLOCK)
+            tl.store(out_ptr + b * K + slot, -1, mask=(slot >= k_eff) & (slot < K))
+    if c0 >= seq_len:
+        return
+    prefix, remaining = _prefix_from_hists(hist_ptr, b, B, k_eff, 4)
+    num_greater = k_eff - remaining
+    row = logits_ptr + b * max_len
+    for t0 in range(c0, tl.minimum(c0 + CHUNK, seq_len), BLOCK):
+        pos = t0 + tl.arange(0, BLOCK)
+        ok = pos < seq_len
+        key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
+        greater = (ok & (key > prefix)).to(tl.int32)
+        equal = (ok & (key == prefix)).to(tl.int32)
+        n_g = tl.sum(greater)
+        n_e = tl.sum(equal)
+        if n_g > 0:
+            base_g = tl.atomic_add(count_ptr + 2 * b, n_g)
+            slot_g = base_g + tl.cumsum(greater, 0) - 1
+            tl.store(out_ptr + b * K + slot_g, pos, mask=greater != 0)
+        if n_e > 0:
+            base_e = tl.atomic_add(count_ptr + 2 * b + 1, n_e)
+            slot_e = num_greater + base_e + tl.cumsum(equal, 0) - 1
+            tl.store(out_ptr + b * K + slot_e, pos, mask=(equal != 0) & (slot_e < k_eff))
+
+
 def radix_topk(
     logits: torch.Tensor, seq_lens: torch.Tensor, k: int, block: int = 4096, num_warps: int = 16,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, chunk: int | None = 4096,
 ) -> torch.Tensor:
-    """Triton version of :func:`topk_reference` (int32 ids, unordered)."""
+    """Triton version of :func:`topk_reference` (int32 ids, unordered).
+
+    ``chunk`` set: the multi-program radix select, (request, chunk of `chunk`
+    logits) programs per pass, row histograms combined with atomics (four
+    histogram launches + one collect launch). ``chunk=None``: the first
+    version, one program per request doing all five passes.
+    """
     batch, max_len = logits.shape
+    logits = logits.contiguous()
     if out is None:
         out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
-    _radix_topk_kernel[(batch,)](logits.contiguous(), seq_lens, out, max_len, K=k, BLOCK=block, num_warps=num_warps)
+    if chunk is None:
+        _radix_topk_kernel[(batch,)](logits, seq_lens, out, max_len, K=k, BLOCK=block, num_warps=num_warps)
+        return out
+    block = min(block, chunk)
+    work = torch.zeros(4 * batch * 256 + 2 * batch, dtype=torch.int32, device=logits.device)
+    hist, counts = work[: 4 * batch * 256], work[4 * batch * 256 :]
+    grid = (batch, triton.cdiv(max_len, chunk))
+    for p in range(4):
+        _radix_hist_kernel[grid](logits, seq_lens, hist, batch, max_len, K=k, PASS=p, CHUNK=chunk, BLOCK=block,
+                                 num_warps=num_warps)
+    _radix_collect_kernel[grid](logits, seq_lens, hist, counts, out, batch, max_len, K=k, CHUNK=chunk, BLOCK=block,
+                                num_warps=num_warps)
     return out
 
 

@@ -20,8 +20,11 @@ def test_row_layout_is_656_bytes_and_round_trips(gen):
     assert relative_error(unpack_fp8_ds_mla_rows(rows), kv) < 0.05
 
 
-@pytest.mark.parametrize("heads,topk,num_splits", [(8, 128, 1), (16, 192, 3), (64, 64, 1)])
-def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, gen):
+@pytest.mark.parametrize(
+    "heads,topk,num_splits,partial_dtype",
+    [(8, 128, 1, torch.float32), (16, 192, 3, torch.float32), (8, 192, 4, torch.bfloat16), (64, 64, 1, torch.float32)],
+)
+def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, partial_dtype, gen):
     batch, num_blocks = 3, 12
     cache = pack_fp8_ds_mla_rows(torch.randn(num_blocks * 64, 576, generator=gen)).reshape(num_blocks, 64, 656)
     q = torch.randn(batch, heads, 576, generator=gen).bfloat16()
@@ -30,7 +33,8 @@ def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, gen):
     slots[2] = -1  # a request with nothing selected (e.g. a DCP rank owning none of its tokens)
     out = torch.full((batch, heads, 512), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((batch, heads), float("nan"))
-    sparse_mla_decode(q, cache, slots, 576**-0.5, num_splits=num_splits, block_h=16, out=out, out_lse=lse)
+    sparse_mla_decode(q, cache, slots, 576**-0.5, num_splits=num_splits, block_h=16,
+                      partial_dtype=partial_dtype, out=out, out_lse=lse)
     ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
     assert relative_error(out, ref) < 1e-2
     assert torch.equal(out[2], torch.zeros_like(out[2])) and (lse[2] == float("-inf")).all()
