@@ -86,7 +86,7 @@ def _sparse_mla_decode_kernel(
     # flash-decoding). With more than one slice, partial outputs + LSEs go to
     # the LSE merge (same math as DCP).
     # Per tile the fp8 latent [BLOCK_K, 512] is loaded with one 2-D load,
-    # dequantized once (fp8 -> fp32, times its group scale, -> bf16: the same
+    # dequantized once (fp8 -> bf16, times its bf16-rounded group scale: the same
     # rounding as FlashMLA's dequantize-to-smem) and used by two large dots:
     # S = q[:, :512] @ kv^T + q[:, 512:] @ rope^T  and  acc += P @ kv.
     pid = tl.program_id(0)
@@ -115,8 +115,10 @@ def _sparse_mla_decode_kernel(
         lat = tl.load(cache_u8 + slot[:, None] * 656 + d[None, :], mask=valid[:, None], other=0)
         sc = tl.load(cache_f32 + slot[:, None] * 164 + 128 + g[None, :], mask=valid[:, None], other=0.0)
         k_rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0)
-        kv = tl.reshape(lat.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_K, 4, 128))
-        kv = tl.reshape(kv * sc[:, :, None], (BLOCK_K, 512)).to(DOT_DTYPE)
+        # fp8 -> bf16 is exact; the product with the bf16-rounded scale is
+        # rounded once. Staying in bf16 halves the registers the tile takes.
+        kv = tl.reshape(lat.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), (BLOCK_K, 4, 128))
+        kv = tl.reshape(kv * sc.to(DOT_DTYPE)[:, :, None], (BLOCK_K, 512))
 
         scores = tl.dot(q_lat, tl.trans(kv))
         scores = tl.dot(q_rope, tl.trans(k_rope.to(DOT_DTYPE)), scores)
