@@ -174,11 +174,12 @@ def bench_sparse_mla(gen):
     slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
     sm_scale = 576**-0.5
     bf = torch.bfloat16
-    # config: (block_h, splits, warps, stages, block_k, partial dtype). Before (first version): H=8 110.5 us,
-    # H=64 154.7 us (per-group dots, fp32 partials).
+    # config: (block_h, splits, warps, stages, block_k, partial dtype). A split-K rewrite with one dequantized
+    # [32, 512] tile and two large dots ran slower (H=8 102-109 us, H=64 176-189 us: 255 registers, 12.5%
+    # occupancy per ncu) than the per-group version kept here (H=8 110.5 us, H=64 154.7 us on 2026-11-30).
     for heads, cfgs in [
-        (8, [(16, s, 4, 2, bk, bf) for s in (8, 16) for bk in (16, 32)] + [(16, 8, 4, 3, 16, bf), (16, 16, 2, 2, 16, bf)]),
-        (64, [(64, s, 8, 2, bk, bf) for s in (2, 4) for bk in (16, 32)] + [(64, 2, 4, 2, 16, bf)]),
+        (8, [(16, s, nw, st, 64, pd) for s in (4, 8) for nw in (4, 8) for st in (2, 3) for pd in (bf, torch.float32)]),
+        (64, [(64, s, 8, st, 64, pd) for s in (1, 2) for st in (2, 3) for pd in (bf, torch.float32)]),
     ]:
         q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
         out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -192,7 +193,7 @@ def bench_sparse_mla(gen):
                                                                     partial_dtype=c[5])))
         bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
         row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
-            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages,block_k={cfg[:5]}, bf16 partials")
+            2176 * batch * heads * topk, check=f"err {err:.1e}", note=f"block_h,splits,warps,stages,block_k={cfg[:5]}, {str(cfg[5])[6:]} partials")
         # Diagnostic: the same work with each request's slots sorted (gather locality only changes).
         sorted_slots = slots.sort(dim=1).values
         ms_sorted = measure.graph_median_ms(lambda: sparse_mla_decode(q, cache, sorted_slots, sm_scale, num_splits=cfg[1],
@@ -213,13 +214,16 @@ def bench_hisparse_gather(gen):
     ok = torch.equal(hot[dst].cpu(), pool[src.cpu()])
     ms_old = measure.graph_median_ms(lambda: gather_rows(pool, src, hot, dst, rows_per_prog=16, num_warps=4))
     print(f"    (first version, 16 rows/program, 4 warps: {ms_old*1e3:.1f} us)")
-    cfgs = [(vb, nw) for vb in (512, 1024, 2048, 4096) for nw in (4, 8)]
-    ms, cfg = best(cfgs, lambda c: (lambda: gather_rows(pool, src, hot, dst, num_warps=c[1], vec_block=c[0])))
+    cfgs = [(vb, nw) for vb in (1024, 2048, 4096) for nw in (4, 8)]
+    ms_unsorted, cfg = best(cfgs, lambda c: (lambda: gather_rows(pool, src, hot, dst, num_warps=c[1], vec_block=c[0])))
+    print(f"    (flat-vector kernel, random order: {ms_unsorted*1e3:.1f} us = {misses*656/ms_unsorted/1e6:.1f} GB/s)")
+    ms = measure.graph_median_ms(lambda: gather_rows(pool, src, hot, dst, num_warps=cfg[1], vec_block=cfg[0], sort_src=True))
     hot.zero_()
-    gather_rows(pool, src, hot, dst, num_warps=cfg[1], vec_block=cfg[0])
+    gather_rows(pool, src, hot, dst, num_warps=cfg[1], vec_block=cfg[0], sort_src=True)
     ok = ok and torch.equal(hot[dst].cpu(), pool[src.cpu()])
     row("hisparse_gather (UVA)", f"{misses} random 656-B rows of 4M pinned", ms, misses * 656, link="PCIe",
-        check="bit-exact" if ok else "WRONG", note=f"16-B vectors/prog,warps={cfg}; target >= 80% of pinned H2D")
+        check="bit-exact" if ok else "WRONG", note=f"sorted by host row (sort included), 16-B vectors/prog,warps={cfg}; "
+        f"unsorted {ms_unsorted*1e3:.0f} us")
     # What limits it: the same kernel on consecutive rows, and the copy engine on the same bytes.
     seq_src = torch.arange(misses, device="cuda")
     ms_seq = measure.graph_median_ms(lambda: gather_rows(pool, seq_src, hot, dst, num_warps=cfg[1], vec_block=cfg[0]))

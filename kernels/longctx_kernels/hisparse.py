@@ -116,7 +116,7 @@ def _gather_vecs_kernel(
 
 def gather_rows(
     host_pool: torch.Tensor, src_rows: torch.Tensor, hot: torch.Tensor, dst_rows: torch.Tensor,
-    rows_per_prog: int = 16, num_warps: int = 4, vec_block: int | None = None,
+    rows_per_prog: int = 16, num_warps: int = 4, vec_block: int | None = None, sort_src: bool = False,
 ) -> None:
     """Triton version of :func:`gather_rows_reference`.
 
@@ -124,6 +124,9 @@ def gather_rows(
     ``hot`` is on the GPU; row_bytes a multiple of 16. src_rows/dst_rows: int
     tensors on hot's device. ``vec_block`` set: the flat 16-B-vector kernel
     with that many vectors per program; else one program per ``rows_per_prog`` rows.
+    ``sort_src``: copy in host-row order (one device sort first). Random rows of
+    a large pool reach about half the PCIe rate; in host order, close to the
+    copy engine's (docs/benchmarks.md).
     """
     row_bytes = host_pool.shape[1]
     assert row_bytes % 16 == 0 and hot.shape[1] == row_bytes
@@ -133,6 +136,9 @@ def gather_rows(
     n = src_rows.numel()
     if n == 0:
         return
+    if sort_src:
+        src_rows, order = torch.sort(src_rows)
+        dst_rows = dst_rows[order]
     words = row_bytes // 4
     if vec_block is not None:
         vecs = n * (row_bytes // 16)

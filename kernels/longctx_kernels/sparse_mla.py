@@ -6,9 +6,9 @@ cache is ``uint8 [num_blocks, block_size, 656]``; top-k ids are physical slots
 ``block * block_size + offset`` (-1 = no token). The query is absorbed:
 ``q [B, H, 576]`` bf16 (512 latent + 64 rope); V is the dequantized latent.
 
-The kernel dequantizes each tile once (fp8 * group scale, rounded to bf16, as
-FlashMLA's fp8 sparse decode does) and feeds it to two dots: the 576-wide
-scores and the 512-wide P @ V.
+The kernel never multiplies the dequantized tile: a group's scale s is folded
+into the scores (``q . (s k8) = s (q . k8)``) and into P for the P @ V product,
+so the only per-element work on K/V is the exact fp8 -> bf16 conversion.
 Outputs: ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 in base e (-inf
 where no valid token was selected, with out = 0: the merge's identity).
 """
@@ -74,72 +74,97 @@ def sparse_mla_decode_reference(
 
 
 @triton.jit
+def _load_latent_group(cache_u8, slot, valid, G: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    d = tl.arange(0, 128)
+    ptrs = cache_u8 + slot[:, None] * 656 + G * 128 + d[None, :]
+    return tl.load(ptrs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+
+
+@triton.jit
+def _load_q_group(q_ptr, row, h_ok, start: tl.constexpr, width: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    d = tl.arange(0, width)
+    q = tl.load(q_ptr + row[:, None] * 576 + start + d[None, :], mask=h_ok[:, None], other=0.0)
+    return q.to(DOT_DTYPE)
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, cache_u8, cache_f32, cache_bf16, topk_ptr, out_ptr, lse_ptr,
-    B, H, K, k_per_split, qk_scale_log2, num_hblocks,
+    B, H, K, k_per_split, qk_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     # One 656-B row is read through three views of the cache: 656 uint8 (fp8
     # latent at bytes 0..511), 164 fp32 (scales at words 128..131) and 328 bf16
     # (rope at 264..327).
-    # Program = (request x head block, slice of the top-k list) (split-K /
-    # flash-decoding). With more than one slice, partial outputs + LSEs go to
-    # the LSE merge (same math as DCP).
-    # Per tile the fp8 latent [BLOCK_K, 512] is loaded with one 2-D load,
-    # dequantized once (fp8 -> bf16, times its bf16-rounded group scale: the same
-    # rounding as FlashMLA's dequantize-to-smem) and used by two large dots:
-    # S = q[:, :512] @ kv^T + q[:, 512:] @ rope^T  and  acc += P @ kv.
-    pid = tl.program_id(0)
-    b = pid // num_hblocks
-    h = (pid % num_hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-    split = tl.program_id(1)
+    # Program = (request, head block, slice of the top-k list). With more than
+    # one slice, fp32 partial outputs + LSEs go to a merge (same math as DCP).
+    b = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
     h_ok = h < H
     q_row = b * H + h
-    d = tl.arange(0, 512)
-    r = tl.arange(0, 64)
-    q_lat = tl.load(q_ptr + q_row[:, None] * 576 + d[None, :], mask=h_ok[:, None], other=0.0).to(DOT_DTYPE)
-    q_rope = tl.load(q_ptr + q_row[:, None] * 576 + 512 + r[None, :], mask=h_ok[:, None], other=0.0).to(DOT_DTYPE)
+    q0 = _load_q_group(q_ptr, q_row, h_ok, 0, 128, DOT_DTYPE)
+    q1 = _load_q_group(q_ptr, q_row, h_ok, 128, 128, DOT_DTYPE)
+    q2 = _load_q_group(q_ptr, q_row, h_ok, 256, 128, DOT_DTYPE)
+    q3 = _load_q_group(q_ptr, q_row, h_ok, 384, 128, DOT_DTYPE)
+    q_rope = _load_q_group(q_ptr, q_row, h_ok, 512, 64, DOT_DTYPE)
 
-    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
     # Finite initial max: a fully masked tile then gives p = 0, not NaN.
     m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
-    g = tl.arange(0, 4)
+    r = tl.arange(0, 64)
     for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         idx = tl.load(topk_ptr + b * K + kk, mask=kk < k_end, other=-1)
         valid = idx >= 0
         slot = tl.where(valid, idx, 0).to(tl.int64)
-        lat = tl.load(cache_u8 + slot[:, None] * 656 + d[None, :], mask=valid[:, None], other=0)
-        sc = tl.load(cache_f32 + slot[:, None] * 164 + 128 + g[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0)
-        # fp8 -> bf16 is exact; the product with the bf16-rounded scale is
-        # rounded once. Staying in bf16 halves the registers the tile takes.
-        kv = tl.reshape(lat.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), (BLOCK_K, 4, 128))
-        kv = tl.reshape(kv * sc.to(DOT_DTYPE)[:, :, None], (BLOCK_K, 512))
+        k_0 = _load_latent_group(cache_u8, slot, valid, 0, DOT_DTYPE)
+        k_1 = _load_latent_group(cache_u8, slot, valid, 1, DOT_DTYPE)
+        k_2 = _load_latent_group(cache_u8, slot, valid, 2, DOT_DTYPE)
+        k_3 = _load_latent_group(cache_u8, slot, valid, 3, DOT_DTYPE)
+        s0 = tl.load(cache_f32 + slot * 164 + 128, mask=valid, other=0.0)
+        s1 = tl.load(cache_f32 + slot * 164 + 129, mask=valid, other=0.0)
+        s2 = tl.load(cache_f32 + slot * 164 + 130, mask=valid, other=0.0)
+        s3 = tl.load(cache_f32 + slot * 164 + 131, mask=valid, other=0.0)
+        k_rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
 
-        scores = tl.dot(q_lat, tl.trans(kv))
-        scores = tl.dot(q_rope, tl.trans(k_rope.to(DOT_DTYPE)), scores)
+        scores = tl.dot(q0, tl.trans(k_0)) * s0[None, :]
+        scores += tl.dot(q1, tl.trans(k_1)) * s1[None, :]
+        scores += tl.dot(q2, tl.trans(k_2)) * s2[None, :]
+        scores += tl.dot(q3, tl.trans(k_3)) * s3[None, :]
+        scores += tl.dot(q_rope, tl.trans(k_rope))
         scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(DOT_DTYPE), kv, acc * alpha[:, None])
+        acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(DOT_DTYPE), k_0)
+        acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(DOT_DTYPE), k_1)
+        acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(DOT_DTYPE), k_2)
+        acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(DOT_DTYPE), k_3)
         m_i = m_new
 
     inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    d = tl.arange(0, 128)
     if SPLIT_OUTPUT:
         base = out_ptr + (split * B * H + q_row)[:, None].to(tl.int64) * 512 + d[None, :]
         tl.store(lse_ptr + split * B * H + q_row, lse, mask=h_ok)
     else:
         base = out_ptr + q_row[:, None].to(tl.int64) * 512 + d[None, :]
         tl.store(lse_ptr + q_row, lse, mask=h_ok)
-    tl.store(base, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    ty = out_ptr.dtype.element_ty
+    tl.store(base, (acc0 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 128, (acc1 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 256, (acc2 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    tl.store(base + 384, (acc3 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
 
 
 def sparse_mla_decode(
@@ -149,7 +174,7 @@ def sparse_mla_decode(
     sm_scale: float,
     num_splits: int = 1,
     block_h: int = 64,
-    block_k: int = 32,
+    block_k: int = 64,
     num_warps: int = 8,
     num_stages: int = 2,
     partial_dtype: torch.dtype = torch.float32,
@@ -172,8 +197,7 @@ def sparse_mla_decode(
     num_splits = triton.cdiv(k, k_per_split)
     flat = cache.reshape(-1, ROW_BYTES)
     views = (flat, flat.view(torch.float32), flat.view(torch.bfloat16))
-    num_hblocks = triton.cdiv(heads, block_h)
-    grid = (batch * num_hblocks, num_splits)
+    grid = (batch, triton.cdiv(heads, block_h), num_splits)
     args = dict(BLOCK_H=block_h, BLOCK_K=block_k, DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
     qk_scale_log2 = sm_scale / math.log(2.0)
     if num_splits == 1:
@@ -182,10 +206,10 @@ def sparse_mla_decode(
         if out_lse is None:
             out_lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
         _sparse_mla_decode_kernel[grid](q, *views, topk_slots, out, out_lse, batch, heads, k, k_per_split,
-                                        qk_scale_log2, num_hblocks, SPLIT_OUTPUT=False, **args)
+                                        qk_scale_log2, SPLIT_OUTPUT=False, **args)
         return out, out_lse
     part = torch.empty((num_splits, batch, heads, LATENT), dtype=partial_dtype, device=q.device)
     part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
     _sparse_mla_decode_kernel[grid](q, *views, topk_slots, part, part_lse, batch, heads, k, k_per_split,
-                                    qk_scale_log2, num_hblocks, SPLIT_OUTPUT=True, **args)
+                                    qk_scale_log2, SPLIT_OUTPUT=True, **args)
     return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)

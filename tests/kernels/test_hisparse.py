@@ -36,12 +36,12 @@ def test_lru_plan_and_gather_keep_hot_buffer_consistent(gen):
         assert sorted(lru.lru.tolist()) == list(range(num_slots))
 
 
-@pytest.mark.parametrize("vec_block", [None, 128])
-def test_gather_writes_every_byte_of_each_row(vec_block, gen):
+@pytest.mark.parametrize("vec_block,sort_src", [(None, False), (128, False), (128, True)])
+def test_gather_writes_every_byte_of_each_row(vec_block, sort_src, gen):
     pool = torch.randint(0, 256, (300, 656), generator=gen, dtype=torch.uint8)
     src = torch.randperm(300, generator=gen)[:77]
     dst = torch.randperm(100, generator=gen)[:77]
     hot = (~pool[0]).repeat(100, 1)  # poison: differs from the pool in every byte of row 0
     hot[dst] = ~pool[src]  # every destination byte differs from its source before the copy
-    gather_rows(pool, src, hot, dst, rows_per_prog=16, vec_block=vec_block)
+    gather_rows(pool, src, hot, dst, rows_per_prog=16, vec_block=vec_block, sort_src=sort_src)
     assert torch.equal(hot[dst], pool[src])
