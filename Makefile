@@ -29,6 +29,7 @@ unit: python-env
 
 crds: python-env
 	@$(PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml
+	@HELM=$$(tools/build-control-plane.sh 2>/dev/null)/helm charts/kustomize/generate.sh
 
 plan: python-env
 	@$(PY) -m longctx_operator.cli plan -f examples/glm-5.3-1m.yaml

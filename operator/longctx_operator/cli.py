@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,14 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def peering_priority() -> int:
+    """Distinct per replica (every container is PID 1): derived from the pod's name."""
+    if os.environ.get("LONGCTX_PRIORITY"):
+        return int(os.environ["LONGCTX_PRIORITY"])
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
+    return zlib.crc32(identity.encode()) % 1000 + 1
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
@@ -76,8 +86,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
         standalone=args.peering is None,
-        peering_name=args.peering or "longctx",
-        priority=int(os.environ.get("LONGCTX_PRIORITY", "0")) or (os.getpid() % 1000 + 1),
+        peering_name=args.peering,
+        priority=peering_priority(),
         liveness_endpoint=f"http://{args.health_address}:{args.health_port}/healthz",
     )
     return 0

@@ -59,9 +59,47 @@ class Coalescer:
                 self._running.discard(key)
 
 
+class Retries:
+    """Kopf does not retry event handlers: a failed reconcile is retried here, with backoff,
+    until one succeeds (a later event reconciles earlier and resets the backoff)."""
+
+    def __init__(self, first: float = 2.0, cap: float = 300.0) -> None:
+        self._lock = threading.Lock()
+        self._timers: dict[tuple[str, str], threading.Timer] = {}
+        self._delays: dict[tuple[str, str], float] = {}
+        self.first, self.cap = first, cap
+
+    def schedule(self, key: tuple[str, str], fn: Callable[[], None]) -> float:
+        with self._lock:
+            delay = min(self._delays.get(key, self.first / 2) * 2, self.cap)
+            self._delays[key] = delay
+            if key not in self._timers:
+                timer = threading.Timer(delay, self._fire, (key, fn))
+                timer.daemon = True
+                self._timers[key] = timer
+                timer.start()
+            return delay
+
+    def _fire(self, key: tuple[str, str], fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._timers.pop(key, None)
+        fn()
+
+    def succeeded(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._delays.pop(key, None)
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+
+
 class State:
     kube: Kube | None = None
     coalescer = Coalescer()
+    retries = Retries()
     phases: dict[tuple[str, str], str] = {}
 
 
@@ -80,6 +118,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics.serve(int(port), os.environ.get("LONGCTX_METRICS_ADDRESS", "127.0.0.1"))
 
 
+@kopf.on.cleanup()
+def stop_retries(**_: Any) -> None:
+    State.retries.cancel_all()
+
+
 def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
     """Reads the CR fresh and reconciles it (or does nothing if it is gone)."""
     kube = State.kube
@@ -91,11 +134,16 @@ def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
             State.phases.pop((namespace, name), None)
             _export_phases()
             return
+        key = (namespace, name)
         try:
             outcome = reconcile(kube, cr)
         except KubeError as exc:
-            kopf.event(cr, type="Warning", reason="ReconcileFailed", message=str(exc))
-            raise kopf.TemporaryError(str(exc), delay=10) from exc
+            delay = State.retries.schedule(key, lambda: reconcile_named(namespace, name, logger))
+            kopf.event(cr, type="Warning", reason="ReconcileFailed",
+                       message=f"{exc}; retrying in {delay:.0f} s")
+            logger.error("%s/%s: %s; retrying in %.0f s", namespace, name, exc, delay)
+            return
+        State.retries.succeeded(key)
         for type_, reason, message in outcome.events:
             kopf.event(cr, type=type_, reason=reason, message=message)
             logger.info("%s/%s %s: %s", namespace, name, reason, message)

@@ -67,9 +67,13 @@ def test_drift_is_repaired_and_a_deleted_child_is_recreated(cluster, operator, n
     recreated = wait_for(lambda: (cluster.get("service", "glm-decode", namespace) or {}).get(
         "metadata", {}).get("uid") not in (None, uid), 30, "the Service recreated")
     assert recreated
-    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-    reasons = {e["reason"] for e in json.loads(events)["items"]}
-    assert {"Repaired", "Recreated"} <= reasons, reasons
+    def reasons():  # Kopf posts events asynchronously
+        events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+        found = {e["reason"] for e in json.loads(events)["items"]
+                 if e["involvedObject"]["kind"] == "LongContextDeployment"}
+        return found if {"Repaired", "Recreated"} <= found else None
+
+    wait_for(reasons, 30, "Repaired and Recreated events on the CR")
 
 
 def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):

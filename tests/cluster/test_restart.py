@@ -8,6 +8,8 @@ import time
 import pytest
 from kopf.testing import KopfRunner
 
+from longctx_engine import api
+from longctx_operator.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, wait_for
 
@@ -25,12 +27,16 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(cluster, na
     with KopfRunner(ARGS, settings=kopf_settings(), timeout=60) as runner:
         wait_ready(cluster, namespace, "restart")
         final = children(cluster, namespace, "restart")
+        pods = cluster.list("pods", namespace, "app.kubernetes.io/instance=restart")
         cluster.kubectl("delete", "lcd", "restart", "-n", namespace)
     assert runner.exit_code == 0
-    assert len(final) >= len(partial)
-    names = [n for _, n in final]
-    assert len(names) == len(set((k, n) for k, n in final))
-    pods = cluster.list("pods", namespace, "app.kubernetes.io/instance=restart")
+    assert set(partial) <= set(final)
+    # Exactly the desired graph: nothing missing, nothing extra, every child owned by the CR.
+    cr = example_cr("restart")
+    cr["metadata"].update(namespace=namespace, uid="x")
+    expected = {(o["kind"], o["metadata"]["name"])
+                for o in desired_objects(cr, api.load_spec(cr["spec"]), with_pod_monitor=False)}
+    assert set(final) == expected, set(final) ^ expected
     assert sorted(p["metadata"]["name"] for p in pods
                   if p["metadata"]["labels"].get("app.kubernetes.io/component") in
                   ("prefill", "decode")) == ["restart-decode-0", "restart-prefill-0"]

@@ -195,7 +195,9 @@ def test_dp8_prefill_baseline_does_not_fit_and_says_what_to_change():
 
 
 def test_offload_only_decode_does_not_fit_one_million_tokens():
-    plan = planner.plan(spec_with(decode={"hiSparse": {"enabled": False}}))
+    # The seed's offload-only baseline: 16 GiB of CPU offload per rank, no HiSparse.
+    plan = planner.plan(spec_with(decode={"hiSparse": {"enabled": False},
+                                          "cpuOffloadPerRank": "16Gi"}))
     assert not plan.decode.fits and not plan.fits
     out = plan.to_json()
     assert out["decode"]["maxConcurrentAtMaxContext"] == 0
