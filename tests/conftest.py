@@ -126,7 +126,10 @@ def operator(cluster: Cluster) -> Iterator[Any]:
     """The operator, in-process (Kopf's runner), for the tests of one module."""
     from kopf.testing import KopfRunner
 
+    from tests.cluster.controlplane import free_port
+
     os.environ["LONGCTX_WATCH_SERVER_TIMEOUT"] = "10"
+    os.environ["LONGCTX_METRICS_PORT"] = str(free_port())  # served on 127.0.0.1
     with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",
                      "longctx_operator.main"], settings=kopf_settings(), timeout=60) as runner:
         time.sleep(2)  # the first watches are established

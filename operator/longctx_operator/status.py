@@ -152,12 +152,22 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
                                desired_replicas.get("decode", 0)),
     }
     if plan is not None:
-        status["plan"] = plan
+        status["plan"] = _without_nulls(plan)
         if refusal is None or refusal.condition != "CapacityPlanned":
             status["maxContextTokens"] = cr["spec"].get("maxContextTokens")
     if endpoint:
         status["endpoint"] = endpoint
     return status
+
+
+def _without_nulls(value: Any) -> Any:
+    """A merge patch deletes null keys, so a status holding them never compares equal to
+    what the API server returns: drop them before writing."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _carry_timestamps(conditions: list[dict[str, Any]], previous: list[dict[str, Any]],

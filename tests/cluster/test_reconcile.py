@@ -4,7 +4,9 @@ scheduling on H200 nodes, drift repair, recreation, no churn, crash loops, Pendi
 from __future__ import annotations
 
 import json
+import os
 import time
+import urllib.request
 
 import pytest
 
@@ -76,10 +78,19 @@ def test_drift_is_repaired_and_a_deleted_child_is_recreated(cluster, operator, n
     wait_for(reasons, 30, "Repaired and Recreated events on the CR")
 
 
+def operator_writes() -> float:
+    """Every API write the in-process operator made (its own counter, by kind and verb)."""
+    port = os.environ["LONGCTX_METRICS_PORT"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("longctx_api_writes_total{"))
+
+
 def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):
     assert cluster.apply(example_cr(), namespace).returncode == 0
     wait_ready(cluster, namespace)
     time.sleep(3)  # the last status write settles
+    writes_before = operator_writes()
     before = children(cluster, namespace)
     cr_version = cluster.get("lcd", "glm", namespace)["metadata"]["resourceVersion"]
     # A label-only touch of the CR is a no-op event: the operator re-reads everything.
@@ -88,6 +99,8 @@ def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):
         time.sleep(2)
     after = children(cluster, namespace)
     assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+    # Not even no-op patches: the operator compares before it writes.
+    assert operator_writes() == writes_before
     managed = json.loads(cluster.kubectl("get", "lcd", "glm", "-n", namespace, "-o", "json",
                                          "--show-managed-fields").stdout)["metadata"]["managedFields"]
     status_writes = [m for m in managed if m.get("subresource") == "status"]
@@ -130,3 +143,17 @@ def test_too_few_gpus_leaves_pods_pending_with_a_reason(cluster, operator, names
     ready = condition(cluster, namespace, "big", "Ready")
     assert ready["status"] == "False" and "nvidia.com/gpu" in ready["message"]
     cluster.kubectl("delete", "lcd", "big", "-n", namespace, "--wait=false")
+
+
+def test_operator_metrics(cluster, operator, namespace):
+    assert cluster.apply(example_cr(), namespace).returncode == 0
+    wait_ready(cluster, namespace)
+    port = os.environ["LONGCTX_METRICS_PORT"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("longctx_")}
+    assert samples['longctx_reconciles_total{result="ok"}'] > 0
+    assert samples["longctx_reconcile_duration_seconds_count"] > 0
+    assert samples['longctx_api_writes_total{kind="StatefulSet",verb="apply"}'] >= 2
+    assert samples['longctx_managed_objects{kind="StatefulSet"}'] == 2
+    assert samples['longctx_deployments{phase="Ready"}'] >= 1
