@@ -43,10 +43,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .desired import desired_objects
 
     cr = read_manifest(args.file)
-    # Offline there is no UID; the API server fills in the real one on apply.
-    cr["metadata"].setdefault("uid", "00000000-0000-0000-0000-000000000000")
+    cr["metadata"].setdefault("uid", "")
     spec = api.load_spec(cr.get("spec"))
     objects = desired_objects(cr, spec, with_pod_monitor=args.pod_monitor)
+    for obj in objects:
+        # Plain manifests belong to whoever applies them (a GitOps tool), not to a CR.
+        obj["metadata"].pop("ownerReferences", None)
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
     else:
