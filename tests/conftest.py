@@ -128,12 +128,18 @@ def operator(cluster: Cluster) -> Iterator[Any]:
 
     from tests.cluster.controlplane import free_port
 
-    os.environ["LONGCTX_WATCH_SERVER_TIMEOUT"] = "10"
-    os.environ["LONGCTX_METRICS_PORT"] = str(free_port())  # served on 127.0.0.1
-    with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",
-                     "longctx_operator.main"], settings=kopf_settings(), timeout=60) as runner:
-        time.sleep(2)  # the first watches are established
-        yield runner
+    settings_env = {"LONGCTX_WATCH_SERVER_TIMEOUT": "10",
+                    "LONGCTX_METRICS_PORT": str(free_port())}  # served on 127.0.0.1
+    os.environ.update(settings_env)
+    try:
+        with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",
+                         "longctx_operator.main"], settings=kopf_settings(),
+                        timeout=60) as runner:
+            time.sleep(2)  # the first watches are established
+            yield runner
+    finally:
+        for key in settings_env:  # operators started later as processes must not inherit them
+            os.environ.pop(key, None)
     assert runner.exception is None, runner.exception
     assert runner.exit_code == 0, runner.output[-3000:]
 

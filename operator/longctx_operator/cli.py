@@ -81,8 +81,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from . import main  # noqa: F401  (importing it registers the handlers)
 
-    os.environ.setdefault("LONGCTX_METRICS_PORT", str(args.metrics_port))
-    os.environ.setdefault("LONGCTX_METRICS_ADDRESS", args.metrics_address)
+    os.environ["LONGCTX_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["LONGCTX_METRICS_ADDRESS"] = args.metrics_address
     kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=not args.namespace,

@@ -111,7 +111,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     settings.execution.max_workers = int(os.environ.get("LONGCTX_WORKERS", "8"))
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
-    settings.persistence.finalizer = f"{api.GROUP}/finalizer"  # unused: no handler needs one
     State.kube = Kube.from_environment()
     port = os.environ.get("LONGCTX_METRICS_PORT")
     if port:

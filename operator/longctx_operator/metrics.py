@@ -12,5 +12,11 @@ MANAGED_OBJECTS = Gauge("longctx_managed_objects", "Child objects managed, by ki
 CRS_BY_PHASE = Gauge("longctx_deployments", "LongContextDeployments by phase.", ["phase"])
 
 
+_serving: set[tuple[str, int]] = set()
+
+
 def serve(port: int, address: str) -> None:
-    start_http_server(port, addr=address)
+    """Starts the /metrics endpoint once per process (Kopf may restart the operator loop)."""
+    if (address, port) not in _serving:
+        start_http_server(port, addr=address)
+        _serving.add((address, port))
