@@ -147,6 +147,10 @@ class Engine(APIObject):
                   "would pair old and new pods. Create a new LongContextDeployment instead.")
     speculative: Speculative = api_field("Speculative decoding.", Speculative())
     extraArgs: ExtraArgs = api_field("Extra engine arguments per role.", ExtraArgs())
+    preflight: bool = api_field(
+        "Run `longctx-kernels preflight` (HBM and PCIe bandwidth, an all-gather, a kernel's "
+        "correctness, a NIXL transfer) before vLLM starts, so a bad node fails in seconds "
+        "instead of after the model load.", False)
     engineReadyTimeoutSeconds: int = api_field(
         "VLLM_ENGINE_READY_TIMEOUT_S and the startup probe budget: loading a GLM-5-class "
         "model takes tens of minutes.", 3600, minimum=60)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import shlex
 import sys
 from typing import Callable, Mapping, Optional, Sequence, TextIO
@@ -53,10 +54,15 @@ def child_env(cmd: EngineCommand, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+# The node check in the engine image (kernels/longctx_kernels/cli.py).
+PREFLIGHT = [sys.executable, "-m", "longctx_kernels.cli", "preflight"]
+
+
 def run(role: str, config: str, dry_run: bool = False, *,
         env: Optional[Mapping[str, str]] = None, probe: Optional[HostProbe] = None,
         out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-        execvpe: Callable[..., None] = os.execvpe) -> int:
+        execvpe: Callable[..., None] = os.execvpe,
+        preflight: Callable[[], int] = lambda: subprocess.call(PREFLIGHT)) -> int:
     env = dict(os.environ if env is None else env)
     try:
         cfg = read_engine_config(config)
@@ -77,6 +83,8 @@ def run(role: str, config: str, dry_run: bool = False, *,
     print(render(cmd), file=out)
     out.flush()
     failed = [r for r in results if not r.ok]
+    if cfg.spec.engine.preflight:
+        print(f"# preflight: {' '.join(PREFLIGHT)}", file=out)
     if dry_run:
         if failed:
             print(f"# dry run: {len(failed)} pre-check(s) would stop a real start", file=out)
@@ -85,6 +93,14 @@ def run(role: str, config: str, dry_run: bool = False, *,
         for r in failed:
             print(f"longctx-engine: pre-check failed: {r.name}: {r.message}", file=err)
         return 1
+    if cfg.spec.engine.preflight:
+        out.flush()
+        code = preflight()
+        if code != 0:
+            print(f"longctx-engine: the node failed `{' '.join(PREFLIGHT)}` (exit {code}); its "
+                  "table above says which check. Drain the node, or set "
+                  "spec.engine.preflight to false to start anyway.", file=err)
+            return 1
     prepare_workdir(cmd)
     execvpe(cmd.argv[0], cmd.argv, child_env(cmd, env))
     return 0  # only reached with a test double

@@ -134,3 +134,23 @@ def test_engine_config_from_longctx_render_stream(config):
     assert (cfg.cr_name, cfg.namespace) == ("glm", "llm")
     with pytest.raises(EngineConfigError, match="exactly one"):
         parse_engine_config(yaml.safe_dump_all([cm, cm]))
+
+
+@pytest.mark.parametrize("verdict, started", [(0, True), (1, False)])
+def test_preflight_runs_before_vllm_when_asked(tmp_path, verdict, started):
+    p = tmp_path / CONFIG_KEY
+    p.write_text(render_engine_config("glm", "llm", spec_with(
+        lambda d: d.setdefault("engine", {}).__setitem__("preflight", True))))
+    out, err, calls, checks = io.StringIO(), io.StringIO(), [], []
+    rc = entrypoint.run("decode", str(p), env=ENV, probe=good_probe(), out=out, err=err,
+                        execvpe=lambda *a: calls.append(a),
+                        preflight=lambda: checks.append(1) or verdict)
+    assert checks == [1]
+    assert bool(calls) is started and rc == (0 if started else 1)
+    if not started:
+        assert "spec.engine.preflight" in err.getvalue()
+
+
+def test_no_preflight_unless_asked(config):
+    rc, out, _, calls = run(config)
+    assert rc == 0 and calls and "preflight" not in out
