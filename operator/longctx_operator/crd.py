@@ -20,7 +20,7 @@ _CONDITION = {
     "type": "object",
     "required": ["type", "status"],
     "properties": {
-        "type": {"type": "string", "description": "CapacityPlanned, PrefillReady, DecodeReady, "
+        "type": {"type": "string", "description": "CapacityPlanned, Accepted, PrefillReady, DecodeReady, "
                  "RouterReady, Ready, Progressing or Degraded."},
         "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
         "reason": {"type": "string", "description": "One CamelCase word."},
