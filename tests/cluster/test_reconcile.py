@@ -157,3 +157,39 @@ def test_operator_metrics(cluster, operator, namespace):
     assert samples['longctx_api_writes_total{kind="StatefulSet",verb="apply"}'] >= 2
     assert samples['longctx_managed_objects{kind="StatefulSet"}'] == 2
     assert samples['longctx_deployments{phase="Ready"}'] >= 1
+
+
+POD_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor",
+                       "listKind": "PodMonitorList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                 "openAPIV3Schema": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def test_pod_monitor_only_when_its_crd_exists_and_monitoring_is_on(cluster, operator, namespace):
+    assert cluster.apply(example_cr(), namespace).returncode == 0
+    wait_ready(cluster, namespace)
+    assert cluster.kubectl("get", "crd", "podmonitors.monitoring.coreos.com",
+                           check=False).returncode != 0, "the CRD must start absent"
+    try:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(POD_MONITOR_CRD))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/podmonitors.monitoring.coreos.com")
+        cluster.kubectl("label", "lcd", "glm", "-n", namespace, "poke=1")  # an event
+        monitor = wait_for(lambda: cluster.get("podmonitor", "glm", namespace), 30,
+                           "the PodMonitor")
+        ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+        assert {"vllm-0", "vllm-7"} <= ports
+        off = example_cr()
+        off["spec"]["monitoring"] = {"podMonitor": False}
+        assert cluster.apply(off, namespace).returncode == 0
+        wait_for(lambda: cluster.get("podmonitor", "glm", namespace) is None, 30,
+                 "the PodMonitor removed")
+    finally:
+        cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=false",
+                        check=False)
