@@ -74,13 +74,6 @@ def sparse_mla_decode_reference(
 
 
 @triton.jit
-def _load_latent_group(cache_u8, slot, valid, G: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    d = tl.arange(0, 128)
-    ptrs = cache_u8 + slot[:, None] * 656 + G * 128 + d[None, :]
-    return tl.load(ptrs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-
-
-@triton.jit
 def _load_q_group(q_ptr, row, h_ok, start: tl.constexpr, width: tl.constexpr, DOT_DTYPE: tl.constexpr):
     d = tl.arange(0, width)
     q = tl.load(q_ptr + row[:, None] * 576 + start + d[None, :], mask=h_ok[:, None], other=0.0)
@@ -88,19 +81,69 @@ def _load_q_group(q_ptr, row, h_ok, start: tl.constexpr, width: tl.constexpr, DO
 
 
 @triton.jit
+def _load_rows(cache_u8, cache_f32, cache_bf16, topk_ptr, b, K, k0, k_end, BLOCK_K: tl.constexpr):
+    """Raw bytes of BLOCK_K selected rows: 4 fp8 groups (uint8), 4 scales, rope (bf16)."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    idx = tl.load(topk_ptr + b * K + kk, mask=kk < k_end, other=-1)
+    valid = idx >= 0
+    slot = tl.where(valid, idx, 0).to(tl.int64)
+    d = tl.arange(0, 128)
+    lat = cache_u8 + slot[:, None] * 656 + d[None, :]
+    r0 = tl.load(lat, mask=valid[:, None], other=0)
+    r1 = tl.load(lat + 128, mask=valid[:, None], other=0)
+    r2 = tl.load(lat + 256, mask=valid[:, None], other=0)
+    r3 = tl.load(lat + 384, mask=valid[:, None], other=0)
+    sc = cache_f32 + slot * 164 + 128
+    s0 = tl.load(sc, mask=valid, other=0.0)
+    s1 = tl.load(sc + 1, mask=valid, other=0.0)
+    s2 = tl.load(sc + 2, mask=valid, other=0.0)
+    s3 = tl.load(sc + 3, mask=valid, other=0.0)
+    r = tl.arange(0, 64)
+    rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0)
+    return valid, r0, r1, r2, r3, s0, s1, s2, s3, rope
+
+
+@triton.jit
+def _pick(c, x0, x1, x2, x3, NCOL: tl.constexpr, J: tl.constexpr):
+    """Value group J of column slice c, i.e. group c * (4 // NCOL) + J."""
+    if NCOL == 1:
+        y = x3
+        if J == 0:
+            y = x0
+        if J == 1:
+            y = x1
+        if J == 2:
+            y = x2
+    elif NCOL == 2:
+        if J == 0:
+            y = tl.where(c == 0, x0, x2)
+        else:
+            y = tl.where(c == 0, x1, x3)
+    else:
+        y = tl.where(c == 0, x0, tl.where(c == 1, x1, tl.where(c == 2, x2, x3)))
+    return y
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, cache_u8, cache_f32, cache_bf16, topk_ptr, out_ptr, lse_ptr,
     B, H, K, k_per_split, qk_scale_log2,
-    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, NCOL: tl.constexpr, PREFETCH: tl.constexpr,
+    SPLIT_OUTPUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     # One 656-B row is read through three views of the cache: 656 uint8 (fp8
     # latent at bytes 0..511), 164 fp32 (scales at words 128..131) and 328 bf16
     # (rope at 264..327).
-    # Program = (request, head block, slice of the top-k list). With more than
-    # one slice, fp32 partial outputs + LSEs go to a merge (same math as DCP).
-    b = tl.program_id(0)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    split = tl.program_id(2)
+    # Program = (value-column slice x head block, slice of the top-k list,
+    # request). The NCOL column slices of one (request, split) recompute the
+    # 576-wide scores but each keeps only 512 / NCOL output columns; they are
+    # adjacent in launch order, so the rows they share come from L2. With more
+    # than one top-k slice, partial outputs + LSEs go to a merge (same math as DCP).
+    G_PER: tl.constexpr = 4 // NCOL
+    col = tl.program_id(0) % NCOL
+    h = (tl.program_id(0) // NCOL) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
     h_ok = h < H
     q_row = b * H + h
     q0 = _load_q_group(q_ptr, q_row, h_ok, 0, 128, DOT_DTYPE)
@@ -118,53 +161,63 @@ def _sparse_mla_decode_kernel(
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
-    r = tl.arange(0, 64)
+    if PREFETCH:
+        valid, r0, r1, r2, r3, s0, s1, s2, s3, rope = _load_rows(
+            cache_u8, cache_f32, cache_bf16, topk_ptr, b, K, k_begin, k_end, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        idx = tl.load(topk_ptr + b * K + kk, mask=kk < k_end, other=-1)
-        valid = idx >= 0
-        slot = tl.where(valid, idx, 0).to(tl.int64)
-        k_0 = _load_latent_group(cache_u8, slot, valid, 0, DOT_DTYPE)
-        k_1 = _load_latent_group(cache_u8, slot, valid, 1, DOT_DTYPE)
-        k_2 = _load_latent_group(cache_u8, slot, valid, 2, DOT_DTYPE)
-        k_3 = _load_latent_group(cache_u8, slot, valid, 3, DOT_DTYPE)
-        s0 = tl.load(cache_f32 + slot * 164 + 128, mask=valid, other=0.0)
-        s1 = tl.load(cache_f32 + slot * 164 + 129, mask=valid, other=0.0)
-        s2 = tl.load(cache_f32 + slot * 164 + 130, mask=valid, other=0.0)
-        s3 = tl.load(cache_f32 + slot * 164 + 131, mask=valid, other=0.0)
-        k_rope = tl.load(cache_bf16 + slot[:, None] * 328 + 264 + r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-
-        scores = tl.dot(q0, tl.trans(k_0)) * s0[None, :]
-        scores += tl.dot(q1, tl.trans(k_1)) * s1[None, :]
-        scores += tl.dot(q2, tl.trans(k_2)) * s2[None, :]
-        scores += tl.dot(q3, tl.trans(k_3)) * s3[None, :]
-        scores += tl.dot(q_rope, tl.trans(k_rope))
-        scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
+        if PREFETCH:
+            # Register double buffer: the next tile's gathers are in flight during this tile's math.
+            c_valid, c0, c1, c2, c3, cs0, cs1, cs2, cs3, c_rope = valid, r0, r1, r2, r3, s0, s1, s2, s3, rope
+            valid, r0, r1, r2, r3, s0, s1, s2, s3, rope = _load_rows(
+                cache_u8, cache_f32, cache_bf16, topk_ptr, b, K, k0 + BLOCK_K, k_end, BLOCK_K)
+        else:
+            c_valid, c0, c1, c2, c3, cs0, cs1, cs2, cs3, c_rope = _load_rows(
+                cache_u8, cache_f32, cache_bf16, topk_ptr, b, K, k0, k_end, BLOCK_K)
+        k_0 = c0.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        k_1 = c1.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        k_2 = c2.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        k_3 = c3.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        # Scales fold into the scores (q . (s k8) = s (q . k8)) and into P.
+        scores = tl.dot(q0, tl.trans(k_0)) * cs0[None, :]
+        scores += tl.dot(q1, tl.trans(k_1)) * cs1[None, :]
+        scores += tl.dot(q2, tl.trans(k_2)) * cs2[None, :]
+        scores += tl.dot(q3, tl.trans(k_3)) * cs3[None, :]
+        scores += tl.dot(q_rope, tl.trans(c_rope.to(DOT_DTYPE)))
+        scores = tl.where(c_valid[None, :], scores * qk_scale_log2, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(DOT_DTYPE), k_0)
-        acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(DOT_DTYPE), k_1)
-        acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(DOT_DTYPE), k_2)
-        acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(DOT_DTYPE), k_3)
+        v0 = _pick(col, k_0, k_1, k_2, k_3, NCOL, 0)
+        t0 = _pick(col, cs0, cs1, cs2, cs3, NCOL, 0)
+        acc0 = acc0 * alpha[:, None] + tl.dot((p * t0[None, :]).to(DOT_DTYPE), v0)
+        if G_PER >= 2:
+            v1 = _pick(col, k_0, k_1, k_2, k_3, NCOL, 1)
+            t1 = _pick(col, cs0, cs1, cs2, cs3, NCOL, 1)
+            acc1 = acc1 * alpha[:, None] + tl.dot((p * t1[None, :]).to(DOT_DTYPE), v1)
+        if G_PER == 4:
+            acc2 = acc2 * alpha[:, None] + tl.dot((p * cs2[None, :]).to(DOT_DTYPE), k_2)
+            acc3 = acc3 * alpha[:, None] + tl.dot((p * cs3[None, :]).to(DOT_DTYPE), k_3)
         m_i = m_new
 
     inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    d = tl.arange(0, 128)
+    d = col * (512 // NCOL) + tl.arange(0, 128)
     if SPLIT_OUTPUT:
         base = out_ptr + (split * B * H + q_row)[:, None].to(tl.int64) * 512 + d[None, :]
-        tl.store(lse_ptr + split * B * H + q_row, lse, mask=h_ok)
+        lse_at = lse_ptr + split * B * H + q_row
     else:
         base = out_ptr + q_row[:, None].to(tl.int64) * 512 + d[None, :]
-        tl.store(lse_ptr + q_row, lse, mask=h_ok)
+        lse_at = lse_ptr + q_row
+    tl.store(lse_at, lse, mask=h_ok & (col == 0))
     ty = out_ptr.dtype.element_ty
     tl.store(base, (acc0 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
-    tl.store(base + 128, (acc1 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
-    tl.store(base + 256, (acc2 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
-    tl.store(base + 384, (acc3 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    if G_PER >= 2:
+        tl.store(base + 128, (acc1 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+    if G_PER == 4:
+        tl.store(base + 256, (acc2 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
+        tl.store(base + 384, (acc3 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
 
 
 def sparse_mla_decode(
@@ -180,15 +233,20 @@ def sparse_mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
+    num_col_splits: int = 1,
+    prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`sparse_mla_decode_reference`.
 
     ``num_splits > 1`` splits the top-k list so that small batches still fill
     the GPU; the slices (stored as ``partial_dtype``) are combined by
-    :func:`lse_merge`.
+    :func:`lse_merge`. ``num_col_splits`` (1, 2, 4) splits the 512 output
+    columns across programs (each recomputes the scores); ``prefetch`` issues
+    the next tile's row gathers before the current tile's math.
     """
     batch, heads, dim = q.shape
     assert dim == LATENT + ROPE and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
+    assert num_col_splits in (1, 2, 4)
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
     k = topk_slots.shape[1]
@@ -197,8 +255,9 @@ def sparse_mla_decode(
     num_splits = triton.cdiv(k, k_per_split)
     flat = cache.reshape(-1, ROW_BYTES)
     views = (flat, flat.view(torch.float32), flat.view(torch.bfloat16))
-    grid = (batch, triton.cdiv(heads, block_h), num_splits)
-    args = dict(BLOCK_H=block_h, BLOCK_K=block_k, DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
+    grid = (num_col_splits * triton.cdiv(heads, block_h), num_splits, batch)
+    args = dict(BLOCK_H=block_h, BLOCK_K=block_k, NCOL=num_col_splits, PREFETCH=prefetch,
+                DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
     qk_scale_log2 = sm_scale / math.log(2.0)
     if num_splits == 1:
         if out is None:

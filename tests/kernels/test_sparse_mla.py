@@ -21,10 +21,18 @@ def test_row_layout_is_656_bytes_and_round_trips(gen):
 
 
 @pytest.mark.parametrize(
-    "heads,topk,num_splits,partial_dtype",
-    [(8, 128, 1, torch.float32), (16, 192, 3, torch.float32), (8, 192, 4, torch.bfloat16), (64, 64, 1, torch.float32)],
+    "heads,topk,num_splits,partial_dtype,block_k,ncol,prefetch",
+    [
+        (8, 128, 1, torch.float32, 64, 1, False),
+        (16, 192, 3, torch.float32, 64, 1, False),
+        (8, 192, 4, torch.bfloat16, 64, 1, False),
+        (64, 64, 1, torch.float32, 64, 1, False),
+        (8, 160, 2, torch.bfloat16, 32, 1, True),  # prefetch; the last tile of each split is partial
+        (8, 96, 3, torch.float32, 16, 2, True),
+        (24, 96, 2, torch.float32, 32, 4, False),  # two head blocks, 4 column slices
+    ],
 )
-def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, partial_dtype, gen):
+def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, partial_dtype, block_k, ncol, prefetch, gen):
     batch, num_blocks = 3, 12
     cache = pack_fp8_ds_mla_rows(torch.randn(num_blocks * 64, 576, generator=gen)).reshape(num_blocks, 64, 656)
     q = torch.randn(batch, heads, 576, generator=gen).bfloat16()
@@ -34,7 +42,8 @@ def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, partial_dt
     out = torch.full((batch, heads, 512), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((batch, heads), float("nan"))
     sparse_mla_decode(q, cache, slots, 576**-0.5, num_splits=num_splits, block_h=16,
-                      partial_dtype=partial_dtype, out=out, out_lse=lse)
+                      block_k=block_k, partial_dtype=partial_dtype, out=out, out_lse=lse,
+                      num_col_splits=ncol, prefetch=prefetch)
     ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
     assert relative_error(out, ref) < 1e-2
     assert torch.equal(out[2], torch.zeros_like(out[2])) and (lse[2] == float("-inf")).all()
