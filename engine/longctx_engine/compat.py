@@ -14,6 +14,7 @@ kv_cache_dtype), the hybrid KV cache manager (on for both), and the NIXL transfe
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Optional
 
@@ -164,3 +165,14 @@ def pd_compatibility(prefill_cmd: EngineCommand, decode_cmd: EngineCommand) -> l
         if dn.get("kv_role") not in ("kv_consumer", "kv_both"):
             out.append(f"decode NIXL kv_role is {dn.get('kv_role')!r}; it must be kv_consumer")
     return out
+
+
+def pairing_key(spec: Any) -> str:
+    """A short digest of everything a prefill/decode pair must share for the NIXL handshake
+    that can change without a new CR (image and vLLM version; model, KV dtype and speculative
+    method are immutable in the API). Serving pods carry it as a label and the InferencePool
+    selects on it, so a rollout never pairs engines of different versions."""
+    factors = {"model": spec.model.name, "image": spec.engine.image,
+               "vllm": spec.engine.vllmVersion, "kvCacheDtype": spec.engine.kvCacheDtype,
+               "speculative": spec.engine.speculative.method}
+    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:12]

@@ -7,6 +7,8 @@ from typing import Any
 from longctx_engine import api
 
 FIELD_MANAGER = "longctx-operator"
+# Serving pods' NIXL pairing key (longctx_engine.compat.pairing_key); the pool selects on it.
+PAIRING_LABEL = "longctx.dev/pairing"
 ROLES = ("prefill", "decode")
 
 
@@ -47,18 +49,24 @@ def selector_labels(cr_name: str, component: str | None = None) -> dict[str, str
     return labels
 
 
-def labels(cr_name: str, component: str) -> dict[str, str]:
-    """Labels every child carries; engine pods add the llm-d role labels."""
+def labels(cr_name: str, component: str, pairing: str | None = None) -> dict[str, str]:
+    """Labels every child carries; engine pods add the llm-d role labels and their pairing key."""
     out = {**selector_labels(cr_name, component), "app.kubernetes.io/managed-by": FIELD_MANAGER}
     if component in ROLES:
         out["llm-d.ai/role"] = component
         out["llm-d.ai/inference-serving"] = "true"
+    if pairing:
+        out[PAIRING_LABEL] = pairing
     return out
 
 
-def serving_selector(cr_name: str) -> dict[str, str]:
-    """Selects every serving pod of a CR, prefill and decode (the InferencePool's selector)."""
-    return {"app.kubernetes.io/instance": cr_name, "llm-d.ai/inference-serving": "true"}
+def serving_selector(cr_name: str, pairing: str | None = None) -> dict[str, str]:
+    """Selects the serving pods of a CR, prefill and decode; with a pairing key, only those
+    whose engines can hand KV to each other (the InferencePool's selector)."""
+    out = {"app.kubernetes.io/instance": cr_name, "llm-d.ai/inference-serving": "true"}
+    if pairing:
+        out[PAIRING_LABEL] = pairing
+    return out
 
 
 def owner_reference(cr: dict[str, Any]) -> dict[str, Any]:

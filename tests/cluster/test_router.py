@@ -60,8 +60,13 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
 
     pool = objects["inferencepool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
-    assert pool["spec"]["selector"]["matchLabels"] == {
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert {k: v for k, v in selector.items() if k != "longctx.dev/pairing"} == {
         "app.kubernetes.io/instance": "glm", "llm-d.ai/inference-serving": "true"}
+    # The pool selects exactly the serving pods of this engine version: every engine pod.
+    query = ",".join(f"{k}={v}" for k, v in selector.items())
+    wait_for(lambda: sorted(p["metadata"]["name"] for p in cluster.list("pods", namespace, query))
+             == ["glm-decode-0", "glm-prefill-0"], 60, "both engine pods selected by the pool")
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == list(range(8000, 8008))
     ref = pool["spec"]["endpointPickerRef"]
     assert (ref["kind"], ref["name"], ref["port"]["number"], ref["failureMode"]) == (
@@ -325,6 +330,8 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     The serving pods are created here on a node kwok does not manage, with loopback pod IPs
     (127.0.0.42-44), so whatever the picker dials stays on this machine."""
     from longctx_engine import api
+    from longctx_engine.compat import pairing_key
+    from longctx_operator import naming
     from longctx_operator.builders import router
 
     proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
@@ -351,8 +358,8 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {
-                    "app.kubernetes.io/instance": "glm", "llm-d.ai/role": role,
-                    "llm-d.ai/inference-serving": "true"}, "annotations": annotations},
+                    **naming.serving_selector("glm", pairing_key(spec)), "llm-d.ai/role": role},
+                    "annotations": annotations},
                 "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "none"}],
                          "tolerations": [{"operator": "Exists"}]}}))
             status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],

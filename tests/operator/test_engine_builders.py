@@ -119,3 +119,28 @@ def test_pdb_per_role_and_pod_monitor():
     monitor = pod_monitor(CR, load_spec(CR["spec"]))
     ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
     assert {"vllm-0", "vllm-7"} <= ports
+
+
+def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
+    from longctx_engine.compat import pairing_key
+    from longctx_operator.builders.router import router_objects
+    from longctx_operator.naming import PAIRING_LABEL
+
+    def keys(cr):
+        objs = objects(cr)
+        pool = next(o for o in router_objects(cr, load_spec(cr["spec"]))
+                    if o["kind"] == "InferencePool")
+        pods = {objs[("StatefulSet", f"glm-{r}")]["spec"]["template"]["metadata"]["labels"][
+            PAIRING_LABEL] for r in ("prefill", "decode")}
+        return pods, pool["spec"]["selector"]["matchLabels"][PAIRING_LABEL]
+
+    pods, pool = keys(CR)
+    assert pods == {pool} == {pairing_key(load_spec(CR["spec"]))}
+    upgraded = copy.deepcopy(CR)
+    upgraded["spec"].setdefault("engine", {})["image"] = "ghcr.io/longctx/engine:0.2.0"
+    new_pods, new_pool = keys(upgraded)
+    # A new engine version: the pool stops selecting old pods, so old and new never pair.
+    assert new_pool != pool and new_pods == {new_pool}
+    # The StatefulSet selector (immutable) does not include it.
+    sts = objects(upgraded)[("StatefulSet", "glm-prefill")]
+    assert PAIRING_LABEL not in sts["spec"]["selector"]["matchLabels"]

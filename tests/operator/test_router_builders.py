@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from longctx_engine import api
+from longctx_engine.compat import pairing_key
 from longctx_operator import naming
 from longctx_operator.builders import router
 
@@ -228,10 +229,11 @@ def test_all_objects_are_owned_and_labelled(glm):
 
 
 def test_inference_pool(glm):
-    _, _, objects = glm
+    _, spec, objects = glm
     pool = objects["InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
-    assert pool["spec"]["selector"] == {"matchLabels": naming.serving_selector("glm")}
+    assert pool["spec"]["selector"] == {
+        "matchLabels": naming.serving_selector("glm", pairing_key(spec))}
     # Decode DP8 on one 8-GPU pod: a target port per rank; the PCP8 prefill pod is one rank.
     assert pool["spec"]["targetPorts"] == [{"number": 8000 + i} for i in range(8)]
     assert pool["spec"]["endpointPickerRef"] == {
@@ -240,9 +242,10 @@ def test_inference_pool(glm):
 
 
 def test_pool_selector_matches_serving_pods_of_both_roles_only():
-    selector = naming.serving_selector("glm")
+    selector = naming.serving_selector("glm", "k1")
     for role in ("prefill", "decode"):
-        assert selector.items() <= naming.labels("glm", role).items()
+        assert selector.items() <= naming.labels("glm", role, "k1").items()
+        assert not selector.items() <= naming.labels("glm", role, "k2").items()
     assert not selector.items() <= naming.labels("glm", "router").items()
     assert not selector.items() <= naming.labels("other", "decode").items()
 

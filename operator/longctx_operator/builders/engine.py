@@ -7,6 +7,7 @@ import hashlib
 from typing import Any
 
 from longctx_engine.api import LongContextDeploymentSpec
+from longctx_engine.compat import pairing_key
 from longctx_engine.engine_config import CONFIG_DIR, CONFIG_KEY, render_engine_config
 from longctx_engine.quantity import format_bytes
 from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, MODEL_MOUNT, engine_ports,
@@ -201,7 +202,8 @@ def statefulset(cr: dict[str, Any], spec: LongContextDeploymentSpec, role: str,
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": naming.selector_labels(cr_name, role)},
             "template": {
-                "metadata": {"labels": naming.labels(cr_name, role), "annotations": annotations},
+                "metadata": {"labels": naming.labels(cr_name, role, pairing_key(spec)),
+                             "annotations": annotations},
                 "spec": pod_spec,
             },
         },

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from longctx_engine import api
+from longctx_engine.compat import pairing_key
 
 from .. import naming
 
@@ -212,7 +213,8 @@ def _inference_pool(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> 
         "apiVersion": POOL_API_VERSION, "kind": "InferencePool",
         "metadata": _meta(cr, naming.inference_pool(cr_name)),
         "spec": {
-            "selector": {"matchLabels": naming.serving_selector(cr_name)},
+            # Only pods whose engines can complete a NIXL handshake with each other.
+            "selector": {"matchLabels": naming.serving_selector(cr_name, pairing_key(spec))},
             "targetPorts": [{"number": p} for p in pool_target_ports(spec)],
             "appProtocol": "http",
             "endpointPickerRef": {
