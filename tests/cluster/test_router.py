@@ -12,6 +12,7 @@ Network rule: only 127.0.0.1 is ever contacted; pod and Service IPs are fake.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -75,7 +77,7 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
     dep = objects["deployment"]
     pod = dep["spec"]["template"]["spec"]
     (epp,) = pod["containers"]
-    for arg in (f"--pool-name=glm", f"--pool-namespace={namespace}",
+    for arg in ("--pool-name=glm", f"--pool-namespace={namespace}",
                 "--pool-group=inference.networking.k8s.io",
                 "--config-file=/config/epp-config.yaml", "--grpc-port=9002",
                 "--grpc-health-port=9003", "--metrics-port=9090"):
@@ -236,13 +238,12 @@ def _health_request(service: str) -> bytes:
     return b"\x0a" + bytes([len(data)]) + data
 
 
-def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
-                              tmp_path: Path, timeout: float = 90) -> str:
-    """Runs a picker binary as a subprocess with loopback ports and the given credentials,
-    waits for gRPC health SERVING on 127.0.0.1 and returns its log. Only this process is
-    ever signalled (its own session)."""
-    import grpc
-
+@contextlib.contextmanager
+def _picker_process(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
+                    tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, int]]:
+    """A picker binary as a subprocess with loopback ports and the given credentials; yields
+    (process, log path, gRPC health port). Only this process is ever signalled (its own
+    session)."""
     grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
     log_path = tmp_path / f"{binary.parent.name}.log"
     env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
@@ -255,19 +256,7 @@ def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, n
              "--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", *args],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            def serving():
-                if proc.poll() is not None:
-                    raise AssertionError(f"{binary} exited with {proc.returncode}: "
-                                         f"{log_path.read_text()[-4000:]}")
-                try:
-                    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
-                        check = channel.unary_unary("/grpc.health.v1.Health/Check")
-                        return check(_health_request("inference-extension"), timeout=2) == SERVING
-                except grpc.RpcError:
-                    return False
-
-            wait_for(serving, timeout, f"{binary.name} gRPC health SERVING on 127.0.0.1",
-                     interval=1)
+            yield proc, log_path, health_port
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -276,6 +265,27 @@ def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, n
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=10)
+
+
+def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
+                              tmp_path: Path, timeout: float = 90) -> str:
+    """Runs a picker until its gRPC health on 127.0.0.1 says SERVING; returns its log."""
+    import grpc
+
+    with _picker_process(binary, args, kubeconfig, namespace, tmp_path) as (proc, log_path,
+                                                                           health_port):
+        def serving():
+            if proc.poll() is not None:
+                raise AssertionError(f"{binary} exited with {proc.returncode}: "
+                                     f"{log_path.read_text()[-4000:]}")
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+                    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                    return check(_health_request("inference-extension"), timeout=2) == SERVING
+            except grpc.RpcError:
+                return False
+
+        wait_for(serving, timeout, f"{binary.name} gRPC health SERVING on 127.0.0.1", interval=1)
     return log_path.read_text()
 
 
@@ -354,12 +364,12 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
             "glm-decode-0": ("decode", router.pod_annotations(spec, "decode"), "127.0.0.43"),
             "glm-unannotated-0": ("prefill", {}, "127.0.0.44")}
     try:
-        for name, (role, annotations, ip) in pods.items():
+        for name, (role, pod_annotations, ip) in pods.items():
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {
                     **naming.serving_selector("glm", pairing_key(spec)), "llm-d.ai/role": role},
-                    "annotations": annotations},
+                    "annotations": pod_annotations},
                 "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "none"}],
                          "tolerations": [{"operator": "Exists"}]}}))
             status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
@@ -369,35 +379,16 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
         kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
 
         # Run until the datastore dump shows the three pods, then stop the picker.
-        binary_log = tmp_path / f"{binary.parent.name}.log"
+        with _picker_process(binary, ["--v=5"], kubeconfig, namespace, tmp_path) as (
+                _, binary_log, _):
+            def dumped():
+                if not binary_log.exists():
+                    return None
+                eps = _endpoints_in_log(binary_log.read_text(), namespace)
+                return eps if set(eps) == set(pods) else None
 
-        def dumped():
-            if not binary_log.exists():
-                return None
-            eps = _endpoints_in_log(binary_log.read_text(), namespace)
-            return eps if set(eps) == set(pods) else None
-
-        grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
-        env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
-        with binary_log.open("w") as log:
-            epp = subprocess.Popen(
-                [str(binary), "--pool-name=glm", f"--pool-namespace={namespace}",
-                 "--pool-group=inference.networking.k8s.io", f"--grpc-port={grpc_port}",
-                 f"--grpc-health-port={health_port}", f"--metrics-port={metrics_port}",
-                 "--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false",
-                 "--v=5"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                endpoints = wait_for(dumped, 60, "the picker's datastore dump of the three pods",
-                                     interval=1)
-            finally:
-                if epp.poll() is None:
-                    os.killpg(epp.pid, signal.SIGTERM)
-                    try:
-                        epp.wait(timeout=40)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(epp.pid, signal.SIGKILL)
-                        epp.wait(timeout=10)
+            endpoints = wait_for(dumped, 60, "the picker's datastore dump of the three pods",
+                                 interval=1)
         assert "forbidden" not in binary_log.read_text().lower()
         assert endpoints["glm-prefill-0"] == set(router.serving_ports(spec, "prefill")) == {8000}
         assert endpoints["glm-decode-0"] == set(router.serving_ports(spec, "decode")) == \
