@@ -8,6 +8,7 @@ Used by the pytest session fixture (tests/conftest.py) and by `make demo`
 from __future__ import annotations
 
 import base64
+import ctypes
 import datetime
 import ipaddress
 import json
@@ -71,6 +72,14 @@ def share_dir_for(bin_dir: Path) -> Path:
     if not candidates:
         raise ControlPlaneError(f"no share-k8s* directory beside {bin_dir}; run {BUILD_SCRIPT}")
     return candidates[-1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: kill it when the process that started it dies, so a
+    killed test run leaves no control plane behind (Linux prctl PR_SET_PDEATHSIG). SIGKILL:
+    kube-apiserver waits forever on SIGTERM once its etcd is gone, and the state is scratch."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -236,7 +245,8 @@ class ControlPlane:
         binary = self.bin_dir / name if name in BINARIES else Path(name)
         logf = open(self.workdir / f"{name}.log", "wb")
         proc = subprocess.Popen([str(binary), *args], stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         self.processes[name] = proc
         return proc
 
