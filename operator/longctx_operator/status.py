@@ -76,7 +76,7 @@ def _unschedulable(pods: list[dict[str, Any]], role: str) -> str | None:
     return None
 
 
-def _role_condition(role: str, sts: dict[str, Any] | None, desired: int, generation: int,
+def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,
                     pods: list[dict[str, Any]]) -> dict[str, Any]:
     type_ = f"{role.capitalize()}Ready"
     if sts is None:
@@ -104,16 +104,13 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
     """The full status. Condition timestamps move only when a condition's status changes."""
     generation = cr["metadata"].get("generation", 1)
     conditions: list[dict[str, Any]] = []
-    if plan is not None or refusal is None or refusal.condition == "CapacityPlanned":
-        if refusal and refusal.condition == "CapacityPlanned":
-            conditions.append(_condition("CapacityPlanned", False, refusal.reason, refusal.message))
-        elif plan is not None:
-            conditions.append(_condition("CapacityPlanned", True, "Fits",
-                                         "the layout holds maxContextTokens"))
-    if refusal and refusal.condition != "CapacityPlanned":
+    if refusal:
         conditions.append(_condition(refusal.condition, False, refusal.reason, refusal.message))
+    if plan is not None and not (refusal and refusal.condition == "CapacityPlanned"):
+        conditions.insert(0, _condition("CapacityPlanned", True, "Fits",
+                                        "the layout holds maxContextTokens"))
     role_conditions = [_role_condition(role, observed.statefulsets.get(role),
-                                       desired_replicas.get(role, 0), generation, observed.pods)
+                                       desired_replicas.get(role, 0), observed.pods)
                        for role in naming.ROLES]
     conditions += role_conditions
     if observed.router is not None:
