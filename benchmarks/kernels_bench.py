@@ -1,4 +1,4 @@
-"""Kernel benchmark on one H200 (plus the DCP all-gather overlap on 2 GPUs when present).
+"""Kernel benchmark on one H200 (plus the DCP KV all-gather overlap on 2 GPUs when present).
 
 For every kernel: correctness against its PyTorch reference at the full shape,
 then the median of CUDA-event timings, printed next to its physical floor for
@@ -377,89 +377,24 @@ def bench_hisparse_gather(gen):
         print(f"    cudaMemcpyBatchAsync: not measured ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
 
 
-def _overlap_worker(rank, world, port, results):
-    """Per layer: indexer over L/N + top-k + sparse MLA on the local shard (compute), and the
-    DCP Q all-gather [B, H/N, 576] -> [B, H, 576] (comm). Two micro-batches per layer; in the
-    overlapped schedule the all-gather of the next micro-batch runs during this one's compute."""
-    import torch.distributed as dist
-
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    gen = torch.Generator(device="cuda").manual_seed(rank)
-    batch, heads, seq_len, topk, layers = 64, 64, 65536, 2048, 8
-    mb = batch // 2
-    q8, w, k, ks, table, lens = make_indexer_inputs(mb, seq_len // world, 64, gen)
-    cache = pack_fp8_ds_mla_rows(torch.randn(mb * 4096, 576, device="cuda", generator=gen)).reshape(mb * 64, 64, 656)
-    slots = torch.randint(0, mb * 4096, (mb, topk // world), device="cuda", generator=gen, dtype=torch.int32)
-    q_local = [torch.randn(mb, heads // world, 576, device="cuda", generator=gen).bfloat16() for _ in range(2)]
-    q_full = [torch.empty(world, mb, heads // world, 576, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-
-    def compute(m):
-        radix_topk(indexer_logits(q8, w, k, ks, table, lens, seq_len // world), lens, topk // world)
-        sparse_mla_decode(q_full[m].permute(1, 0, 2, 3).reshape(mb, heads, 576), cache, slots, 576**-0.5, num_splits=2)
-
-    def gather(m, async_op):
-        return dist.all_gather_into_tensor(q_full[m], q_local[m], async_op=async_op)
-
-    def compute_only():
-        for _ in range(layers):
-            compute(0)
-            compute(1)
-
-    def sequential():
-        for _ in range(layers):
-            for m in (0, 1):
-                gather(m, False)
-                compute(m)
-
-    def overlapped():
-        pending = gather(0, True)
-        for layer in range(layers):
-            for m in (0, 1):
-                pending.wait()
-                # Start the next micro-batch's gather (in the real model it follows the previous
-                # layer's output projection of that micro-batch), then compute this one.
-                if not (layer == layers - 1 and m == 1):
-                    pending = gather(1 - m, True)
-                compute(m)
-
-    times = {}
-    for name, fn in [("compute only", compute_only), ("gather then compute", sequential), ("overlapped", overlapped)]:
-        dist.barrier()
-        times[name] = measure.median_ms(fn, iters=10, warmup=2)
-    if rank == 0:
-        results.put(times)
-    dist.destroy_process_group()
-
-
 def bench_dcp_overlap():
-    import torch.multiprocessing as mp
+    """Issue 8: per-layer DCP KV all-gather (656 B/token/layer, half the context per rank) overlapped
+    with the previous layer's compute, 2 GPUs, 8 layers; see longctx_kernels/dcp_overlap.py."""
+    from longctx_kernels import dcp_overlap
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    ctx = mp.get_context("spawn")
-    # NCCL's default channel count, then the all-gather held to 2 and to 1 channel (fewer SMs taken
-    # from the compute kernels it overlaps with). NCCL reads the variable at communicator creation.
-    for channels in (None, "2", "1"):
-        saved = os.environ.get("NCCL_MAX_NCHANNELS")
-        if channels is not None:
-            os.environ["NCCL_MAX_NCHANNELS"] = channels
-        try:
-            results = ctx.SimpleQueue()
-            mp.start_processes(_overlap_worker, args=(2, measure._free_loopback_port(), results), nprocs=2,
-                               start_method="spawn")
-            t = results.get()
-        finally:
-            if saved is None:
-                os.environ.pop("NCCL_MAX_NCHANNELS", None)
-            else:
-                os.environ["NCCL_MAX_NCHANNELS"] = saved
-        base = t["compute only"]
-        print(f"  DCP=2 decode step, 8 layers x 2 micro-batches, B=64 H=64 L=64K (per rank L/2, K/2), "
-              f"NCCL_MAX_NCHANNELS={channels or 'default'}:")
-        for name, ms in t.items():
-            print(f"    {name:22s} {ms*1e3:9.1f} us  overhead vs compute only {100*(ms/base-1):+5.1f}%")
-        ROWS.append(dict(kernel="dcp_q_allgather overlap", nccl_max_nchannels=channels, times_us={k: v * 1e3 for k, v in t.items()},
-                         overhead_sequential=t["gather then compute"] / base - 1, overhead_overlapped=t["overlapped"] / base - 1))
+    rows, ok = dcp_overlap.run(layers=8, reps=100, warmup=3, channel_settings=(None, 4, 2))
+    print(f"  DCP=2 KV all-gather overlap, 8 layers, compute = {dcp_overlap.GEMMS} bf16 GEMMs "
+          f"[{dcp_overlap.CHUNK}x{dcp_overlap.HIDDEN}]x[{dcp_overlap.HIDDEN}x{dcp_overlap.FFN}] per layer, "
+          f"{rows[0]['n']} interleaved reps, gathered data {'correct' if ok else 'WRONG'}:")
+    print("  | NCCL max CTAs | context | variant | median (ms) | IQR (ms) | overhead (medians) | "
+          "overhead (paired, IQR) | per-rank medians (ms) |")
+    print("  | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"  | {r['channels'] or 'default'} | {r['context']} | {r['variant']} | {r['median_ms']:.3f} | "
+              f"{r['q1_ms']:.3f}-{r['q3_ms']:.3f} | {100*r['overhead']:+.1f}% | {100*r['paired_overhead']:+.1f}% "
+              f"({100*r['paired_overhead_iqr'][0]:+.1f}..{100*r['paired_overhead_iqr'][1]:+.1f}) | "
+              f"{' / '.join(f'{x:.3f}' for x in r['rank_median_ms'])} |", flush=True)
+        ROWS.append(dict(kernel="dcp_kv_allgather overlap", check_ok=ok, **r))
 
 
 def main():
