@@ -37,17 +37,21 @@ except Exception: print(sys.stdin.read())' 2>/dev/null || printf '%s' "$out")
   fi
 }
 
+build_epp() { # module, version, bin dir; run inside the wrapper module's directory
+  local module=$1 version=$2 bin=$3 start=$SECONDS
+  mkdir -p "$bin"
+  log "building $module/cmd/epp v$version (minutes on 2 cores when the module cache is cold)"
+  go build -ldflags "-s -w" -o "$bin/epp.tmp" "$module/cmd/epp"
+  mv -f "$bin/epp.tmp" "$bin/epp"
+  log "built $bin/epp in $((SECONDS - start)) s"
+  echo "$bin/epp"
+}
+
 build_upstream() {
   local bin="$CACHE_ROOT/bin-gie-epp-$GIE_VERSION"
   if [[ -x "$bin/epp" ]]; then echo "$bin/epp"; return 0; fi
   cd "$TOOLS_DIR/epp/gie"
-  mkdir -p "$bin"
-  local start=$SECONDS
-  log "building $GIE_MODULE/cmd/epp v$GIE_VERSION (minutes on 2 cores when the module cache is cold)"
-  go build -ldflags "-s -w" -o "$bin/epp.tmp" "$GIE_MODULE/cmd/epp"
-  mv -f "$bin/epp.tmp" "$bin/epp"
-  log "built $bin/epp in $((SECONDS - start)) s"
-  echo "$bin/epp"
+  build_epp "$GIE_MODULE" "$GIE_VERSION" "$bin"
 }
 
 main() {
@@ -60,13 +64,7 @@ main() {
     log "resolving the module graph of $EPP_MODULE v$EPP_VERSION (go mod tidy)"
     go mod tidy
   fi
-  mkdir -p "$BIN"
-  local start=$SECONDS
-  log "building $EPP_MODULE/cmd/epp v$EPP_VERSION (a cold build takes minutes on 2 cores)"
-  go build -ldflags "-s -w" -o "$BIN/epp.tmp" "$EPP_MODULE/cmd/epp"
-  mv -f "$BIN/epp.tmp" "$BIN/epp"
-  log "built $BIN/epp in $((SECONDS - start)) s"
-  echo "$BIN/epp"
+  build_epp "$EPP_MODULE" "$EPP_VERSION" "$BIN"
 }
 
 main "$@"

@@ -105,11 +105,13 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         _apply_children(kube, cr, spec, outcome, previous)
 
     observed = _observe(kube, name, namespace, spec)
-    desired_replicas = {role: getattr(spec, role).replicas if spec else 0 for role in naming.ROLES}
-    if refusal and spec is not None:
-        # Report the replicas that are actually running, not the refused spec's.
+    if spec is None:
+        desired_replicas = dict.fromkeys(naming.ROLES, 0)
+    elif refusal:  # report the replicas that are actually running, not the refused spec's
         desired_replicas = {role: (observed.statefulsets.get(role) or {}).get("spec", {}).get(
             "replicas", 0) for role in naming.ROLES}
+    else:
+        desired_replicas = {role: getattr(spec, role).replicas for role in naming.ROLES}
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
                             endpoint=_endpoint(name, namespace, spec), previous=previous)

@@ -46,11 +46,9 @@ def _role_status(sts: dict[str, Any] | None, desired: int) -> dict[str, Any]:
             "updatedReplicas": st.get("updatedReplicas", 0), "summary": f"{ready}/{desired}"}
 
 
-def _crash(pods: list[dict[str, Any]], role: str) -> str | None:
-    """The last termination of a crash-looping container of this role, in words."""
+def _crash(pods: list[dict[str, Any]]) -> str | None:
+    """The last termination of a crash-looping container of these pods, in words."""
     for pod in pods:
-        if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") != role:
-            continue
         statuses = pod.get("status", {})
         for cs in statuses.get("containerStatuses", []) + statuses.get("initContainerStatuses", []):
             waiting = cs.get("state", {}).get("waiting", {})
@@ -66,10 +64,8 @@ def _crash(pods: list[dict[str, Any]], role: str) -> str | None:
     return None
 
 
-def _unschedulable(pods: list[dict[str, Any]], role: str) -> str | None:
+def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
     for pod in pods:
-        if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") != role:
-            continue
         for cond in pod.get("status", {}).get("conditions", []):
             if cond["type"] == "PodScheduled" and cond["status"] == "False":
                 return f"pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}"
@@ -82,10 +78,12 @@ def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,
     if sts is None:
         return _condition(type_, False, "NotCreated", f"StatefulSet of {role} does not exist yet")
     st = sts.get("status", {})
-    crash = _crash(pods, role)
+    pods = [p for p in pods
+            if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == role]
+    crash = _crash(pods)
     if crash:
         return _condition(type_, False, "CrashLoop", crash)
-    pending = _unschedulable(pods, role)
+    pending = _unschedulable(pods)
     if pending:
         return _condition(type_, False, "Unschedulable", pending)
     if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -25,6 +24,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from tests.cluster.controlplane import free_port
 from tests.conftest import REPO, example_cr, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -222,10 +222,14 @@ def test_picker_credentials_do_what_the_picker_needs_and_no_more(cluster, operat
 # ---------------------------------------------------------------- the real picker
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _upstream_picker() -> Path:
+    """The upstream GIE endpoint picker binary (built, or reused, by tools/build-epp.sh)."""
+    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
+                          capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        pytest.fail(f"the upstream EPP could not be built (tools/build-epp.sh --upstream, which "
+                    f"`make test` runs first): {proc.stderr.strip()[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 # grpc.health.v1 HealthCheckRequest{service} and HealthCheckResponse{status: SERVING}, encoded
@@ -244,7 +248,7 @@ def _picker_process(binary: Path, args: list[str], kubeconfig: Path, namespace: 
     """A picker binary as a subprocess with loopback ports and the given credentials; yields
     (process, log path, gRPC health port). Only this process is ever signalled (its own
     session)."""
-    grpc_port, health_port, metrics_port = _free_port(), _free_port(), _free_port()
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     log_path = tmp_path / f"{binary.parent.name}.log"
     env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
@@ -300,12 +304,7 @@ def test_upstream_picker_syncs_the_pool_with_the_generated_credentials(cluster, 
     llm-d picker derives from) with the generated InferencePool and the picker's Role only:
     it reports SERVING once it has read the pool, so the Role lets a real picker start. It
     cannot load the llm-d config (other apiVersion and plugins), so it runs its defaults."""
-    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
-                          capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        pytest.fail(f"the upstream EPP could not be built (tools/build-epp.sh --upstream, which "
-                    f"`make test` runs first): {proc.stderr.strip()[-2000:]}")
-    binary = Path(proc.stdout.strip().splitlines()[-1])
+    binary = _upstream_picker()
     _apply_and_wait(cluster, namespace, _no_engine_pods_cr())
     kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
     log = _run_picker_until_serving(binary, [], kubeconfig, namespace, tmp_path)
@@ -344,12 +343,7 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     from longctx_operator import naming
     from longctx_operator.builders import router
 
-    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
-                          capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        pytest.fail(f"the upstream EPP could not be built (tools/build-epp.sh --upstream, which "
-                    f"`make test` runs first): {proc.stderr.strip()[-2000:]}")
-    binary = Path(proc.stdout.strip().splitlines()[-1])
+    binary = _upstream_picker()
     cr = _no_engine_pods_cr()
     _apply_and_wait(cluster, namespace, cr)
     spec = api.load_spec(cr["spec"])

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from longctx_engine.api import LongContextDeploymentSpec
@@ -14,6 +13,7 @@ from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, MODEL_MOUNT, engin
                                     host_memory_bytes, shm_bytes)
 
 from .. import naming
+from .router import config_hash as content_hash
 from .router import pod_annotations, routing_sidecar
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
@@ -152,7 +152,7 @@ def _affinity(spec: LongContextDeploymentSpec) -> dict[str, Any]:
 
 def config_hash(configmap: dict[str, Any]) -> str:
     """Changes whenever the engine config changes, so the pods roll."""
-    return hashlib.sha256(configmap["data"][CONFIG_KEY].encode()).hexdigest()[:16]
+    return content_hash(configmap["data"][CONFIG_KEY])[:16]
 
 
 def statefulset(cr: dict[str, Any], spec: LongContextDeploymentSpec, role: str,

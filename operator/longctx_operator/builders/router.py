@@ -29,6 +29,7 @@ import yaml
 
 from longctx_engine import api
 from longctx_engine.compat import pairing_key
+from longctx_engine.recipes import ranks_per_pod
 
 from .. import naming
 
@@ -73,19 +74,6 @@ HTTP_ROUTE_REQUEST_TIMEOUT = "1800s"  # a 1M-token prefill plus a long streamed 
 
 
 # ---------------------------------------------------------------- ports
-
-
-def ranks_per_pod(spec: api.LongContextDeploymentSpec, role: str) -> int:
-    """Engine ranks (each with its own HTTP port) in one pod of a role.
-
-    A rank spans tensorParallel x pipelineParallel x contextParallel.prefill GPUs; decode
-    context parallelism shards the KV inside those GPUs and adds none. The CRD's CEL rules
-    guarantee that the division is exact and that dataParallel is a multiple of the result.
-    """
-    role_spec = spec.prefill if role == "prefill" else spec.decode
-    rank_gpus = (role_spec.tensorParallel * role_spec.pipelineParallel
-                 * role_spec.contextParallel.prefill)
-    return max(1, min(role_spec.dataParallel, role_spec.gpusPerPod // rank_gpus))
 
 
 def serving_ports(spec: api.LongContextDeploymentSpec, role: str) -> list[int]:
