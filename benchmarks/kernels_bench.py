@@ -162,30 +162,27 @@ def bench_indexer(gen):
         key_bytes + io_bytes + 4 * batch * seq_len, check="", note="DeepGEMM logits alone: 149 us")
 
 
-# Sparse-MLA config: (impl, block_h, splits, warps, stages, block_k, partial dtype, column slices, prefetch).
-# "v1" marks the previous kernel's configs: column slices 1 and no prefetch is its code path (2026-12: the old
-# module itself ran 111.8 us at H=8 and 151.4 us at H=64; this path at H=64 149.2 us), kept for before/after.
+# Sparse-MLA config: (block_h, splits, warps, stages, block_k, column slices, prefetch, fp16 MMA); bf16 partials.
+# The first config of each list is the third round's best (bf16 MMA), the baseline of the fourth.
 def _mla_cfgs(heads):
-    bf, f32 = torch.bfloat16, torch.float32
-    # Run 1 (2026-12, 40 configs) found small tiles only pay with the register prefetch, column slices
-    # and 8 warps slower, prefetch at block_k 64 spilling (>800 us); this is the narrowed sweep.
     if heads == 8:
-        cfgs = [("v1", 16, 4, 4, 3, 64, f32, 1, False)]
-        cfgs += [("v2", 16, s, 4, st, 16, bf, 1, True) for s in (4, 6, 8) for st in (1, 2)]
-        cfgs += [("v2", 16, s, 4, 2, 32, bf, 1, True) for s in (4, 6)]
-        cfgs += [("v2", 16, s, 2, 2, 16, bf, 1, True) for s in (6, 8)]
+        cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
+        cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
         return cfgs
-    cfgs = [("v1", 64, 2, 8, 3, 64, bf, 1, False)]
-    cfgs += [("v2", 64, 2, 8, st, 16, bf, 1, True) for st in (1, 2)]
-    cfgs += [("v2", 64, 2, 8, 3, bk, bf, 1, False) for bk in (16, 32, 64)]
-    cfgs += [("v2", 64, 2, 8, 1, 32, bf, 1, True)]
-    return cfgs
+    return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
+
+
+def _mla_name(cfg):
+    bh, s, nw, st, bk, nc, pf, f16 = cfg
+    return (f"block_h {bh}, {s} splits, {nw} warps, {st} stages, block_k {bk}, {nc} column slices, prefetch {pf}, "
+            f"{'fp16' if f16 else 'bf16'} MMA")
 
 
 def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
-    impl, bh, s, nw, st, bk, pd, nc, pf = cfg
-    kw = dict(num_splits=s, block_h=bh, num_warps=nw, num_stages=st, block_k=bk, partial_dtype=pd, out=out)
-    return sparse_mla_decode(q, cache, slots, sm_scale, num_col_splits=nc, prefetch=pf, **kw)
+    bh, s, nw, st, bk, nc, pf, f16 = cfg
+    return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,
+                             block_k=bk, partial_dtype=torch.bfloat16, out=out, num_col_splits=nc, prefetch=pf,
+                             fp16_mma=f16)
 
 
 def _mla_precompile(job):
@@ -233,9 +230,9 @@ def bench_sparse_mla(gen):
     # Each request selects 2048 distinct tokens of its own 64K-token context.
     slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
     sm_scale = 576**-0.5
-    # History: a split-K rewrite with one dequantized [32, 512] tile and two large dots ran slower (H=8 102-109 us,
-    # H=64 176-189 us: 255 registers, 12.5% occupancy per ncu) than the per-group kernel ("v1": H=8 110.5 us,
-    # H=64 154.7 us on 2026-11-30). Every config is checked against the reference on a NaN-poisoned output.
+    # History (docs/benchmarks.md): a split-K rewrite with one dequantized [32, 512] tile, a token-major kernel
+    # (S^T = K q^T, wgmma at 8 heads) and a lazy rescale (only when a row max grows by 2^8) were all measured
+    # and dropped. Every config is checked against the reference on a NaN-poisoned output.
     for heads in (8, 64):
         cfgs = _mla_cfgs(heads)
         q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
@@ -249,9 +246,7 @@ def bench_sparse_mla(gen):
                 err, lerr = rel_err(out, ref), rel_err(lse, ref_lse)
                 ms = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, slots, sm_scale))
                 results.append((ms, cfg, err))
-                print(f"    H={heads} config {cfg[0]},bh{cfg[1]},s{cfg[2]},w{cfg[3]},st{cfg[4]},bk{cfg[5]},"
-                      f"{str(cfg[6])[6:]},col{cfg[7]},pf{int(cfg[8])}: {ms*1e3:6.1f} us  err {err:.1e} lse {lerr:.1e}",
-                      flush=True)
+                print(f"    H={heads} config {_mla_name(cfg)}: {ms*1e3:6.1f} us  err {err:.1e} lse {lerr:.1e}", flush=True)
             except Exception as exc:
                 print(f"    H={heads} config {cfg}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
         del ref
@@ -259,14 +254,13 @@ def bench_sparse_mla(gen):
         if not ok:
             print(f"    H={heads}: no config passed the check", flush=True)
             continue
-        base = min((r for r in ok if r[1][0] == "v1"), key=lambda r: r[0], default=None)
+        base = next((r for r in ok if r[1] == cfgs[0]), None)
         ms, cfg, err = min(ok, key=lambda r: r[0])
         bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
-        before = f"; v1 best {base[0]*1e3:.1f} us" if base else ""
+        before = f"; third round's kernel and config in the same run: {base[0]*1e3:.1f} us" if base else ""
         row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
             2176 * batch * heads * topk, check=f"err {err:.1e}",
-            note=f"impl,block_h,splits,warps,stages,block_k={cfg[:6]}, {str(cfg[6])[6:]} partials, "
-                 f"col slices {cfg[7]}, prefetch {cfg[8]}{before}")
+            note=f"{_mla_name(cfg)}, bf16 partials{before}")
         # Diagnostic: the same work with each request's slots sorted (gather locality only changes).
         sorted_slots = slots.sort(dim=1).values
         ms_sorted = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, sorted_slots, sm_scale))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import bf16_dot_dtype
+from ._runtime import bf16_dot_dtype, interpreting
 from .lse_merge import lse_merge
 
 ROW_BYTES = 656
@@ -235,6 +235,7 @@ def sparse_mla_decode(
     out_lse: torch.Tensor | None = None,
     num_col_splits: int = 1,
     prefetch: bool = False,
+    fp16_mma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`sparse_mla_decode_reference`.
 
@@ -242,7 +243,11 @@ def sparse_mla_decode(
     the GPU; the slices (stored as ``partial_dtype``) are combined by
     :func:`lse_merge`. ``num_col_splits`` (1, 2, 4) splits the 512 output
     columns across programs (each recomputes the scores); ``prefetch`` issues
-    the next tile's row gathers before the current tile's math.
+    the next tile's row gathers before the current tile's math. ``fp16_mma`` runs the
+    products on fp16 operands (the fp8 values convert exactly; q, rope and P are
+    rounded to fp16, whose 10-bit mantissa is finer than bf16's but whose range ends
+    at 65504): faster where the conversions dominate (few heads, the mma.sync path),
+    slower on the wgmma path (64 heads), see docs/benchmarks.md.
     """
     batch, heads, dim = q.shape
     assert dim == LATENT + ROPE and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
@@ -256,8 +261,11 @@ def sparse_mla_decode(
     flat = cache.reshape(-1, ROW_BYTES)
     views = (flat, flat.view(torch.float32), flat.view(torch.bfloat16))
     grid = (num_col_splits * triton.cdiv(heads, block_h), num_splits, batch)
-    args = dict(BLOCK_H=block_h, BLOCK_K=block_k, NCOL=num_col_splits, PREFETCH=prefetch,
-                DOT_DTYPE=bf16_dot_dtype(), num_warps=num_warps, num_stages=num_stages)
+    # fp16 operands: e4m3 -> fp16 is one conversion per pair of values where bf16 needs three
+    # (the pair goes through fp16 and fp32). The interpreter keeps its fp32 operands.
+    dot_dtype = tl.float16 if fp16_mma and not interpreting() else bf16_dot_dtype()
+    args = dict(BLOCK_H=block_h, BLOCK_K=block_k, NCOL=num_col_splits, PREFETCH=prefetch, DOT_DTYPE=dot_dtype,
+                num_warps=num_warps, num_stages=num_stages)
     qk_scale_log2 = sm_scale / math.log(2.0)
     if num_splits == 1:
         if out is None:
