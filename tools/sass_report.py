@@ -31,14 +31,14 @@ SIGNATURE = {
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_sm90(constexprs: dict, num_warps: int, num_stages: int) -> bytes:
+def compile_sm90(constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None) -> bytes:
     signature = dict(SIGNATURE, **{name: "constexpr" for name in constexprs})
     # As the launcher specializes real calls: 16-byte aligned pointers, K and k_per_split divisible by 16.
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
              if kind.startswith("*") or name in ("K", "k_per_split")}
     source = ASTSource(fn=_sparse_mla_decode_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages))
+                            options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
     return kernel.asm["cubin"], kernel.metadata.shared
 
 
@@ -71,10 +71,11 @@ def main() -> None:
     p.add_argument("--col-splits", type=int, default=1)
     p.add_argument("--prefetch", action="store_true")
     p.add_argument("--fp16", action="store_true", help="fp16 MMA operands (default bf16)")
+    p.add_argument("--maxnreg", type=int, help="register cap per thread (more programs per SM, maybe spills)")
     args = p.parse_args()
     constexprs = dict(BLOCK_H=args.block_h, BLOCK_K=args.block_k, NCOL=args.col_splits, PREFETCH=args.prefetch,
                       SPLIT_OUTPUT=True, DOT_DTYPE=tl.float16 if args.fp16 else tl.bfloat16)
-    cubin, shared = compile_sm90(constexprs, args.warps, args.stages)
+    cubin, shared = compile_sm90(constexprs, args.warps, args.stages, args.maxnreg)
     usage = cuobjdump(cubin, "--dump-resource-usage")
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
