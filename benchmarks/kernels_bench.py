@@ -27,7 +27,8 @@ from longctx_kernels.cp_sharding import dcp_local_positions, dcp_local_positions
 from longctx_kernels.hisparse import bucket_by_host_row, gather_rows
 from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk
 from longctx_kernels.lse_merge import lse_merge, lse_merge_reference
-from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_reference
+from longctx_kernels.sparse_mla import (pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda,
+                                        sparse_mla_decode_reference)
 
 ROWS: list[dict] = []
 CEIL: dict[str, float] = {}
@@ -168,17 +169,22 @@ def _mla_cfgs(heads):
     if heads == 8:
         cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
         cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
+        cfgs += [("cuda", s) for s in (1, 2, 3, 4, 6)]
         return cfgs
     return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
 
 
 def _mla_name(cfg):
+    if cfg[0] == "cuda":
+        return f"CUDA kernel (csrc/sparse_mla_decode_h16.cu), {cfg[1]} splits"
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return (f"block_h {bh}, {s} splits, {nw} warps, {st} stages, block_k {bk}, {nc} column slices, prefetch {pf}, "
             f"{'fp16' if f16 else 'bf16'} MMA")
 
 
 def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
+    if cfg[0] == "cuda":
+        return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], out=out)
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,
                              block_k=bk, partial_dtype=torch.bfloat16, out=out, num_col_splits=nc, prefetch=pf,

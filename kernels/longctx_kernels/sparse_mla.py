@@ -15,6 +15,7 @@ where no valid token was selected, with out = 0: the merge's identity).
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
@@ -279,4 +280,43 @@ def sparse_mla_decode(
     part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
     _sparse_mla_decode_kernel[grid](q, *views, topk_slots, part, part_lse, batch, heads, k, k_per_split,
                                     qk_scale_log2, SPLIT_OUTPUT=True, **args)
+    return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)
+
+
+def sparse_mla_decode_cuda(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    topk_slots: torch.Tensor,
+    sm_scale: float,
+    num_splits: int = 2,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hand-written CUDA kernel (csrc/sparse_mla_decode_h16.cu) for up to 16 heads on
+    sm_80+: same contract as :func:`sparse_mla_decode`; slices of the top-k list are merged by
+    :func:`lse_merge` (bf16 partials)."""
+    from .cuda_module import load
+
+    batch, heads, dim = q.shape
+    assert dim == LATENT + ROPE and heads <= 16 and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
+    assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
+    q = q.contiguous()
+    topk_slots = topk_slots.contiguous()
+    k = topk_slots.shape[1]
+    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
+    num_splits = triton.cdiv(k, k_per_split)
+    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index)
+    if num_splits == 1:
+        part = out if out is not None else torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
+        part_lse = out_lse if out_lse is not None else torch.empty((batch, heads), dtype=torch.float32, device=q.device)
+    else:
+        part = torch.empty((num_splits, batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
+        part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
+    ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    kernel.launch((num_splits, batch, 1), 128, [
+        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
+        (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
+        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
+    if num_splits == 1:
+        return part, part_lse
     return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)

@@ -1,0 +1,78 @@
+"""Hand-written CUDA kernels: compiled at first use by NVRTC, launched on PyTorch's stream.
+
+NVRTC and the driver API come from ``cuda.bindings`` (cuda-python), which the CUDA 13
+PyTorch wheels already pull in; no CUDA toolkit is needed. The sources use no headers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+def _check(result):
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise CudaError(f"{err!r}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def compile_cubin(source: str, arch: str) -> bytes:
+    """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"). Needs no GPU."""
+    from cuda.bindings import nvrtc
+
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []))
+    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo"]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if int(err) != 0:
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise CudaError(f"NVRTC failed for {arch}:\n{log.decode(errors='replace')}")
+    size = _check(nvrtc.nvrtcGetCUBINSize(prog))
+    cubin = b" " * size
+    _check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+@dataclass(frozen=True)
+class Kernel:
+    function: object
+    shared_bytes: int
+
+    def launch(self, grid: tuple[int, int, int], block: int, args: list[tuple[int | float, type]], stream: int) -> None:
+        from cuda.bindings import driver
+
+        values, types = zip(*args)
+        _check(driver.cuLaunchKernel(self.function, *grid, block, 1, 1, self.shared_bytes,
+                                     driver.CUstream(stream), (values, types), 0))
+
+
+@functools.cache
+def load(source_file: str, name: str, device_index: int) -> Kernel:
+    """Compile `csrc/source_file` for the device's architecture and load kernel `name`;
+    `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory."""
+    import torch
+    from cuda.bindings import driver
+
+    torch.cuda.init()  # the primary context, current on this thread
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}")
+    with torch.cuda.device(device_index):
+        module = _check(driver.cuModuleLoadData(cubin))
+        function = _check(driver.cuModuleGetFunction(module, name.encode()))
+        ptr, size = _check(driver.cuModuleGetGlobal(module, f"{name}_shared_bytes".encode()))
+        shared = ctypes.c_int()
+        _check(driver.cuMemcpyDtoH(ctypes.addressof(shared), ptr, size))
+        _check(driver.cuFuncSetAttribute(
+            function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared.value))
+    return Kernel(function, shared.value)

@@ -1,0 +1,36 @@
+"""The hand-written CUDA kernel compiles with NVRTC for an H200 (sm_90) on this GPU-less host,
+without spills; its results are checked against the reference by benchmarks/kernels_bench.py
+on an H200 (docs/benchmarks.md)."""
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import triton
+
+from longctx_kernels.cuda_module import CSRC, CudaError, compile_cubin
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
+
+
+def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills():
+    usage = resource_usage(compile_cubin((CSRC / "sparse_mla_decode_h16.cu").read_text(), "sm_90"))
+    # __launch_bounds__(128, 2): two CTAs per SM fit only at <= 255 registers and no local memory.
+    assert usage["REG"] <= 255
+    assert usage["STACK"] == 0 and usage["LOCAL"] == 0
+
+
+def test_compile_errors_carry_the_nvrtc_log():
+    with pytest.raises(CudaError, match="undefined"):
+        compile_cubin('extern "C" __global__ void k() { undefined_symbol(); }', "sm_90")
