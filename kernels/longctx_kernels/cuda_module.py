@@ -25,12 +25,12 @@ def _check(result):
     return rest[0] if len(rest) == 1 else rest
 
 
-def compile_cubin(source: str, arch: str) -> bytes:
-    """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"). Needs no GPU."""
+def compile_cubin(source: str, arch: str, defines: tuple[tuple[str, int], ...] = ()) -> bytes:
+    """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"), with -D`defines`. Needs no GPU."""
     from cuda.bindings import nvrtc
 
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []))
-    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo"]
+    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo"] + [f"-D{k}={v}".encode() for k, v in defines]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if int(err) != 0:
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
@@ -58,15 +58,15 @@ class Kernel:
 
 
 @functools.cache
-def load(source_file: str, name: str, device_index: int) -> Kernel:
-    """Compile `csrc/source_file` for the device's architecture and load kernel `name`;
-    `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory."""
+def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[str, int], ...] = ()) -> Kernel:
+    """Compile `csrc/source_file` (with -D`defines`) for the device's architecture and load kernel
+    `name`; `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory."""
     import torch
     from cuda.bindings import driver
 
     torch.cuda.init()  # the primary context, current on this thread
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}")
+    cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}", defines)
     with torch.cuda.device(device_index):
         module = _check(driver.cuModuleLoadData(cubin))
         function = _check(driver.cuModuleGetFunction(module, name.encode()))

@@ -288,13 +288,14 @@ def sparse_mla_decode_cuda(
     cache: torch.Tensor,
     topk_slots: torch.Tensor,
     sm_scale: float,
-    num_splits: int = 2,
+    num_splits: int = 4,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode_h16.cu) for up to 16 heads on
     sm_80+: same contract as :func:`sparse_mla_decode`; slices of the top-k list are merged by
-    :func:`lse_merge` (bf16 partials)."""
+    :func:`lse_merge` (bf16 partials). `num_warps` (4 or 8) per CTA."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -305,7 +306,8 @@ def sparse_mla_decode_cuda(
     k = topk_slots.shape[1]
     k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
     num_splits = triton.cdiv(k, k_per_split)
-    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index)
+    assert num_warps in (4, 8)
+    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index, (("SPARSE_MLA_WARPS", num_warps),))
     if num_splits == 1:
         part = out if out is not None else torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
         part_lse = out_lse if out_lse is not None else torch.empty((batch, heads), dtype=torch.float32, device=q.device)
@@ -313,7 +315,7 @@ def sparse_mla_decode_cuda(
         part = torch.empty((num_splits, batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
         part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, 1), 128, [
+    kernel.launch((num_splits, batch, 1), 32 * num_warps, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
         (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)

@@ -8,17 +8,27 @@
 // changes around 8.5 MMAs (docs/benchmarks.md). Here each row is converted once (e4m3 -> fp16
 // is exact, one cvt per pair) into a shared tile that both products read with ldmatrix:
 //   S = q K^T per 128-wide group, scaled by the group's per-token scale in fp32;
-//   O_g += (P * s_g / s_ref) V8_g, warp g owning latent group g (its 128 output columns),
+//   O += (P * s_g / s_ref) V8, each warp owning 512 / warps output columns of one group g,
 //   s_ref the tile's largest s_g so that the fp16 operand stays in [0, 1].
-// CTA = 4 warps = one (top-k slice, request); tiles of 64 rows, the next tile's rows are
-// loaded into registers while the current one is computed.
+// CTA = SPARSE_MLA_WARPS warps (4 or 8) = one (top-k slice, request); tiles of 64 rows. The next
+// tile's rows are loaded into registers while the current one is computed, and the slots two
+// tiles ahead into shared memory, so each tile costs one round trip to HBM, hidden.
 
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module), halves are
 // unsigned short in memory and converted with PTX.
 
 namespace {
 
+#ifndef SPARSE_MLA_WARPS
+#define SPARSE_MLA_WARPS 4
+#endif
+constexpr int kWarps = SPARSE_MLA_WARPS;  // 4 or 8 (the loader's -D)
+constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 64;          // rows per tile
+constexpr int kRowsPerWarp = kTile / kWarps;   // S rows (tokens) of one warp: 16 or 8
+constexpr int kNTiles = kRowsPerWarp / 8;      // their n8 tiles: 2 or 1
+constexpr int kColsPerWarp = 512 / kWarps;     // output columns of one warp: 128 or 64
+constexpr int kOTiles = kColsPerWarp / 8;
 constexpr int kHeads = 16;         // MMA M; H <= 16, padded
 constexpr int kRowBytes = 656;
 constexpr int kStride = 576 + 8;   // halves per shared row: 1168 B, rows 4 banks apart for ldmatrix
@@ -31,8 +41,9 @@ struct Shared {
   float p[kHeads * kPStride];
   float scale[4 * kTile];
   float valid[kTile];
-  float red_max[4 * kHeads];
-  float red_sum[4 * kHeads];
+  int slots[3][kTile];  // top-k slots of tiles i, i+1 (being loaded) and i+2 (arriving)
+  float red_max[kWarps * kHeads];
+  float red_sum[kWarps * kHeads];
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -79,76 +90,87 @@ __device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
   return pack_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
-// The registers one thread holds for a tile: 16 latent chunks of 16 B (rows lane/32-strided),
-// 4 rope chunks, 2 scales (row, group) and one valid flag (row = thread / 2 for the scales).
+// The registers one thread holds for a tile: its 16-B latent and rope chunks, the scales and
+// valid flags of its rows. Chunk c of a row is read by thread c of a warp: 512 B per warp load.
+constexpr int kLatentPerThread = kTile * 32 / kThreads;
+constexpr int kRopePerThread = kTile * 8 / kThreads;
+constexpr int kScalesPerThread = (kTile * 4 + kThreads - 1) / kThreads;
 struct TileRegs {
-  uint4 latent[16];
-  uint4 rope[4];
-  float2 scale;
+  uint4 latent[kLatentPerThread];
+  uint4 rope[kRopePerThread];
+  float scale[kScalesPerThread];
   float valid;
 };
 
+// Loads are unconditional (a missing row reads row 0) and masked afterwards: straight-line code
+// that issues every load of the tile before the first one returns.
+__device__ __forceinline__ const unsigned char* row_ptr(const unsigned char* cache, int slot) {
+  return cache + (long long)max(slot, 0) * kRowBytes;
+}
+
 __device__ __forceinline__ void load_tile(TileRegs& r, const unsigned char* __restrict__ cache,
-                                          const int* __restrict__ slots, int k0, int k_end, int tid) {
-  const int chunk = tid & 31;  // 16-B chunk of the 512-B latent
+                                          const int* tile_slots, int tid) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int row = (tid >> 5) + 4 * i;
-    const int k = k0 + row;
-    const int slot = k < k_end ? __ldg(slots + k) : -1;
-    r.latent[i] = slot >= 0 ? __ldg(reinterpret_cast<const uint4*>(cache + (long long)slot * kRowBytes) + chunk)
-                            : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < kLatentPerThread; ++i) {
+    const int slot = tile_slots[(tid >> 5) + kWarps * i];
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row_ptr(cache, slot)) + (tid & 31));
+    r.latent[i] = slot >= 0 ? v : zero;
   }
-  const int rope_chunk = tid & 7;
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = (tid >> 3) + 16 * i;
-    const int k = k0 + row;
-    const int slot = k < k_end ? __ldg(slots + k) : -1;
-    r.rope[i] = slot >= 0 ? __ldg(reinterpret_cast<const uint4*>(cache + (long long)slot * kRowBytes + 528) + rope_chunk)
-                          : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < kRopePerThread; ++i) {
+    const int slot = tile_slots[(tid >> 3) + (kThreads / 8) * i];
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row_ptr(cache, slot) + 528) + (tid & 7));
+    r.rope[i] = slot >= 0 ? v : zero;
   }
-  const int row = tid >> 1;  // 2 threads per row, 2 scales each
-  const int k = k0 + row;
-  const int slot = k < k_end ? __ldg(slots + k) : -1;
-  r.scale = slot >= 0 ? __ldg(reinterpret_cast<const float2*>(cache + (long long)slot * kRowBytes + 512) + (tid & 1))
-                      : make_float2(0.f, 0.f);
-  r.valid = slot >= 0 ? 1.f : 0.f;
+  #pragma unroll
+  for (int i = 0; i < kScalesPerThread; ++i) {
+    const int e = min(tid + kThreads * i, kTile * 4 - 1);  // (row, group) = (e / 4, e % 4)
+    const int slot = tile_slots[e >> 2];
+    const float v = __ldg(reinterpret_cast<const float*>(row_ptr(cache, slot) + 512) + (e & 3));
+    r.scale[i] = slot >= 0 ? v : 0.f;
+  }
+  r.valid = tile_slots[min(tid, kTile - 1)] >= 0 ? 1.f : 0.f;
+}
+
+// Slots of the tile at k0 into shared memory (one load per row, two tiles ahead of their use).
+__device__ __forceinline__ void load_slots(int* dst, const int* __restrict__ slots, int k0, int k_end, int tid) {
+  if (tid < kTile) dst[tid] = k0 + tid < k_end ? __ldg(slots + k0 + tid) : -1;
 }
 
 __device__ __forceinline__ void store_tile(Shared& sh, const TileRegs& r, int tid) {
-  const int chunk = tid & 31;
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int row = (tid >> 5) + 4 * i;
+  for (int i = 0; i < kLatentPerThread; ++i) {
+    const int row = (tid >> 5) + kWarps * i;
     const unsigned w[4] = {r.latent[i].x, r.latent[i].y, r.latent[i].z, r.latent[i].w};
     uint4 lo, hi;
     lo.x = e4m3x2_to_f16x2(w[0] & 0xffff); lo.y = e4m3x2_to_f16x2(w[0] >> 16);
     lo.z = e4m3x2_to_f16x2(w[1] & 0xffff); lo.w = e4m3x2_to_f16x2(w[1] >> 16);
     hi.x = e4m3x2_to_f16x2(w[2] & 0xffff); hi.y = e4m3x2_to_f16x2(w[2] >> 16);
     hi.z = e4m3x2_to_f16x2(w[3] & 0xffff); hi.w = e4m3x2_to_f16x2(w[3] >> 16);
-    uint4* dst = reinterpret_cast<uint4*>(sh.kv + row * kStride + chunk * 16);
+    uint4* dst = reinterpret_cast<uint4*>(sh.kv + row * kStride + (tid & 31) * 16);
     dst[0] = lo;
     dst[1] = hi;
   }
-  const int rope_chunk = tid & 7;
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = (tid >> 3) + 16 * i;
+  for (int i = 0; i < kRopePerThread; ++i) {
+    const int row = (tid >> 3) + (kThreads / 8) * i;
     uint4 h;
     h.x = bf16x2_to_f16x2(r.rope[i].x); h.y = bf16x2_to_f16x2(r.rope[i].y);
     h.z = bf16x2_to_f16x2(r.rope[i].z); h.w = bf16x2_to_f16x2(r.rope[i].w);
-    *reinterpret_cast<uint4*>(sh.kv + row * kStride + 512 + rope_chunk * 8) = h;
+    *reinterpret_cast<uint4*>(sh.kv + row * kStride + 512 + (tid & 7) * 8) = h;
   }
-  const int row = tid >> 1;
-  sh.scale[(2 * (tid & 1)) * kTile + row] = r.scale.x;
-  sh.scale[(2 * (tid & 1) + 1) * kTile + row] = r.scale.y;
-  if ((tid & 1) == 0) sh.valid[row] = r.valid;
+  #pragma unroll
+  for (int i = 0; i < kScalesPerThread; ++i) {
+    const int e = tid + kThreads * i;
+    if (e < kTile * 4) sh.scale[(e & 3) * kTile + (e >> 2)] = r.scale[i];
+  }
+  if (tid < kTile) sh.valid[tid] = r.valid;
 }
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(128, 2)
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
 sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache,
                       const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
                       int B, int H, int K, int k_per_split, float qk_scale_log2) {
@@ -161,7 +183,7 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
   const int* slots = topk + (long long)b * K;
 
   // q -> fp16 shared rows (heads >= H are zero).
-  for (int i = tid; i < kHeads * 72; i += 128) {  // 72 chunks of 8 values per head
+  for (int i = tid; i < kHeads * 72; i += kThreads) {  // 72 chunks of 8 values per head
     const int h = i / 72, c = i % 72;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (h < H) {
@@ -174,49 +196,67 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
 
   // Fragment coordinates (PTX ISA, mma.m16n8k16): rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0, 1}.
   const int frag_row = lane >> 2, frag_col = 2 * (lane & 3);
-  float o[16][4];  // warp `warp` owns output columns [128 warp, 128 warp + 128): 16 n8 tiles
+  float o[kOTiles][4];  // warp `warp` owns output columns [kColsPerWarp warp, + kColsPerWarp)
   #pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  const int group = warp * kColsPerWarp / 128;  // the latent group of those columns
   float m_run[2] = {-1e30f, -1e30f}, l_run[2] = {0.f, 0.f};
   float o_unit = 1.f;  // o holds output / o_unit (see s_ref)
 
+  load_slots(sh.slots[0], slots, k_begin, k_end, tid);
+  load_slots(sh.slots[1], slots, k_begin + kTile, k_end, tid);
+  __syncthreads();
   TileRegs regs;
-  if (k_begin < k_end) load_tile(regs, cache, slots, k_begin, k_end, tid);
-  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
+  load_tile(regs, cache, sh.slots[0], tid);
+  for (int k0 = k_begin, i = 0; k0 < k_end; k0 += kTile, ++i) {
     __syncthreads();  // the previous tile's readers are done
     store_tile(sh, regs, tid);
-    if (k0 + kTile < k_end) load_tile(regs, cache, slots, k0 + kTile, k_end, tid);
+    load_slots(sh.slots[(i + 2) % 3], slots, k0 + 2 * kTile, k_end, tid);
+    if (k0 + kTile < k_end) load_tile(regs, cache, sh.slots[(i + 1) % 3], tid);
     __syncthreads();
 
-    // S for this warp's 16 rows of the tile: per latent group, then scaled; rope unscaled.
-    const int t0 = 16 * warp;
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S for this warp's rows of the tile: one accumulator per latent group (scaled by that
+    // group's per-token scale afterwards) and one for the rope; the five chains interleave.
+    const int t0 = kRowsPerWarp * warp;
+    float acc[5][kNTiles][4] = {};
     #pragma unroll
-    for (int g = 0; g < 5; ++g) {  // groups 0-3: latent, 4: rope
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const int steps = g < 4 ? 8 : 4;
+    for (int ks = 0; ks < 8; ++ks) {
       #pragma unroll
-      for (int ks = 0; ks < steps; ++ks) {
+      for (int g = 0; g < 5; ++g) {
+        if (g == 4 && ks >= 4) continue;  // the rope is 64 wide: 4 k-steps
         const int kcol = g * 128 + ks * 16;
         unsigned a[4], kb[4];
         ldmatrix_x4(a, sh.q + (lane & 15) * kStride + kcol + (lane >> 4) * 8);
-        ldmatrix_x4(kb, sh.kv + (t0 + (lane & 7) + ((lane >> 4) << 3)) * kStride + kcol + ((lane >> 3) & 1) * 8);
-        mma(acc[0], a, kb[0], kb[1]);
-        mma(acc[1], a, kb[2], kb[3]);
+        if constexpr (kNTiles == 2) {
+          ldmatrix_x4(kb, sh.kv + (t0 + (lane & 7) + ((lane >> 4) << 3)) * kStride + kcol + ((lane >> 3) & 1) * 8);
+          mma(acc[g][0], a, kb[0], kb[1]);
+          mma(acc[g][1], a, kb[2], kb[3]);
+        } else {
+          // One n8 tile: x2 gives its (k 0-7, k 8-15) fragments.
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                       : "=r"(kb[0]), "=r"(kb[1])
+                       : "r"(smem_addr(sh.kv + (t0 + (lane & 7)) * kStride + kcol + ((lane >> 3) & 1) * 8)));
+          mma(acc[g][0], a, kb[0], kb[1]);
+        }
       }
+    }
+    float s[kNTiles][4];
+    #pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int t = t0 + 8 * n + frag_col;
       #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int t = t0 + 8 * n + frag_col;
-        const float s0 = g < 4 ? sh.scale[g * kTile + t] : 1.f;
-        const float s1 = g < 4 ? sh.scale[g * kTile + t + 1] : 1.f;
-        s[n][0] += acc[n][0] * s0; s[n][1] += acc[n][1] * s1;
-        s[n][2] += acc[n][2] * s0; s[n][3] += acc[n][3] * s1;
+      for (int c = 0; c < 4; ++c) s[n][c] = acc[4][n][c];
+      #pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const float s0 = sh.scale[g * kTile + t], s1 = sh.scale[g * kTile + t + 1];
+        s[n][0] += acc[g][n][0] * s0; s[n][1] += acc[g][n][1] * s1;
+        s[n][2] += acc[g][n][2] * s0; s[n][3] += acc[g][n][3] * s1;
       }
     }
     // Softmax over the tile's 64 rows: row maxima and sums are combined across the 4 warps.
     float tile_max[2] = {-kInf, -kInf};
     #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kNTiles; ++n) {
       const int t = t0 + 8 * n + frag_col;
       const bool v0 = sh.valid[t] != 0.f, v1 = sh.valid[t + 1] != 0.f;
       s[n][0] = v0 ? s[n][0] * qk_scale_log2 : -kInf;
@@ -240,13 +280,14 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int h = frag_row + 8 * r;
-      float mt = fmaxf(fmaxf(sh.red_max[h], sh.red_max[kHeads + h]),
-                       fmaxf(sh.red_max[2 * kHeads + h], sh.red_max[3 * kHeads + h]));
+      float mt = -kInf;
+      #pragma unroll
+      for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, sh.red_max[w * kHeads + h]);
       m_new[r] = fmaxf(m_run[r], mt);
       alpha[r] = exp2f(m_run[r] - m_new[r]);
     }
     #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kNTiles; ++n) {
       const int t = t0 + 8 * n + frag_col;
       const float p0 = exp2f(s[n][0] - m_new[0]), p1 = exp2f(s[n][1] - m_new[0]);
       const float p2 = exp2f(s[n][2] - m_new[1]), p3 = exp2f(s[n][3] - m_new[1]);
@@ -268,13 +309,15 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int h = frag_row + 8 * r;
-      l_run[r] = l_run[r] * alpha[r] + sh.red_sum[h] + sh.red_sum[kHeads + h] + sh.red_sum[2 * kHeads + h] +
-                 sh.red_sum[3 * kHeads + h];
+      float tile_sum = 0.f;
+      #pragma unroll
+      for (int w = 0; w < kWarps; ++w) tile_sum += sh.red_sum[w * kHeads + h];
+      l_run[r] = l_run[r] * alpha[r] + tile_sum;
       m_run[r] = m_new[r];
     }
 
-    // O_g += (P s_g / s_ref) V8_g for this warp's group g = warp.
-    const float* scale_g = sh.scale + warp * kTile;
+    // O += (P s_g / s_ref) V8 for this warp's columns, all in latent group g.
+    const float* scale_g = sh.scale + group * kTile;
     float s_ref = fmaxf(scale_g[lane], scale_g[lane + 32]);
     #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s_ref = fmaxf(s_ref, __shfl_xor_sync(0xffffffffu, s_ref, off));
@@ -283,7 +326,7 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
     const float f0 = alpha[0] * o_unit * inv_ref, f1 = alpha[1] * o_unit * inv_ref;
     o_unit = s_ref;
     #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < kOTiles; ++n) {
       o[n][0] *= f0; o[n][1] *= f0; o[n][2] *= f1; o[n][3] *= f1;
     }
     #pragma unroll
@@ -297,10 +340,10 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
       const float2 pd = *reinterpret_cast<const float2*>(sh.p + (frag_row + 8) * kPStride + t + 8);
       const unsigned a[4] = {pack_f16x2(pa.x * w0, pa.y * w1), pack_f16x2(pb.x * w0, pb.y * w1),
                              pack_f16x2(pc.x * w8, pc.y * w9), pack_f16x2(pd.x * w8, pd.y * w9)};
-      const unsigned short* v_rows = sh.kv + (16 * j + (lane & 7) + (((lane >> 3) & 1) << 3)) * kStride + warp * 128 +
-                             ((lane >> 4) << 3);
+      const unsigned short* v_rows = sh.kv + (16 * j + (lane & 7) + (((lane >> 3) & 1) << 3)) * kStride +
+                                     warp * kColsPerWarp + ((lane >> 4) << 3);
       #pragma unroll
-      for (int n = 0; n < 16; n += 2) {
+      for (int n = 0; n < kOTiles; n += 2) {
         unsigned vb[4];
         ldmatrix_x4_trans(vb, v_rows + n * 8);
         mma(o[n], a, vb[0], vb[1]);
@@ -317,9 +360,9 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
     if (h >= H) continue;
     const bool any = l_run[r] > 0.f;
     const float f = any ? o_unit / l_run[r] : 0.f;
-    unsigned short* dst = out + (row_base + h) * 512 + warp * 128 + frag_col;
+    unsigned short* dst = out + (row_base + h) * 512 + warp * kColsPerWarp + frag_col;
     #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < kOTiles; ++n) {
       *reinterpret_cast<unsigned*>(dst + 8 * n) = pack_bf16x2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
     }
     if (warp == 0 && (lane & 3) == 0) {
