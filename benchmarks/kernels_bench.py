@@ -169,14 +169,16 @@ def _mla_cfgs(heads):
     if heads == 8:
         cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
         cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
-        cfgs += [("cuda", s, 4) for s in (2, 3, 4, 6)] + [("cuda", 4, 8)]
+        cfgs += [("cuda", s, 4, 64, 2) for s in (2, 4)] + [("cuda", 4, 8, 64, 2)]
+        cfgs += [("cuda", s, 4, 32, c) for s in (4, 6, 8) for c in (2, 3, 4)]
         return cfgs
     return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
 
 
 def _mla_name(cfg):
     if cfg[0] == "cuda":
-        return f"CUDA kernel (csrc/sparse_mla_decode_h16.cu), {cfg[1]} splits, {cfg[2]} warps"
+        return (f"CUDA kernel (csrc/sparse_mla_decode_h16.cu), {cfg[1]} splits, {cfg[2]} warps, tile {cfg[3]}, "
+                f"{cfg[4]} CTAs/SM")
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return (f"block_h {bh}, {s} splits, {nw} warps, {st} stages, block_k {bk}, {nc} column slices, prefetch {pf}, "
             f"{'fp16' if f16 else 'bf16'} MMA")
@@ -184,7 +186,8 @@ def _mla_name(cfg):
 
 def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
     if cfg[0] == "cuda":
-        return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], num_warps=cfg[2], out=out)
+        return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], num_warps=cfg[2], tile=cfg[3],
+                                      ctas_per_sm=cfg[4], out=out)
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,
                              block_k=bk, partial_dtype=torch.bfloat16, out=out, num_col_splits=nc, prefetch=pf,

@@ -292,10 +292,13 @@ def sparse_mla_decode_cuda(
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
     num_warps: int = 4,
+    tile: int = 64,
+    ctas_per_sm: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode_h16.cu) for up to 16 heads on
     sm_80+: same contract as :func:`sparse_mla_decode`; slices of the top-k list are merged by
-    :func:`lse_merge` (bf16 partials). `num_warps` (4 or 8) per CTA."""
+    :func:`lse_merge` (bf16 partials). `num_warps` (4 or 8) per CTA, `tile` (32 or 64) rows per
+    step, `ctas_per_sm` the register budget's target (__launch_bounds__)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -306,8 +309,9 @@ def sparse_mla_decode_cuda(
     k = topk_slots.shape[1]
     k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
     num_splits = triton.cdiv(k, k_per_split)
-    assert num_warps in (4, 8)
-    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index, (("SPARSE_MLA_WARPS", num_warps),))
+    assert num_warps in (4, 8) and tile in (32, 64) and tile // num_warps >= 8
+    defines = (("SPARSE_MLA_WARPS", num_warps), ("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm))
+    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index, defines)
     if num_splits == 1:
         part = out if out is not None else torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
         part_lse = out_lse if out_lse is not None else torch.empty((batch, heads), dtype=torch.float32, device=q.device)

@@ -24,12 +24,13 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
 
 
-@pytest.mark.parametrize("warps", [4, 8])
-def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(warps):
+@pytest.mark.parametrize("warps,tile,ctas", [(4, 64, 2), (8, 64, 2), (4, 32, 3)])
+def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(warps, tile, ctas):
     source = (CSRC / "sparse_mla_decode_h16.cu").read_text()
-    usage = resource_usage(compile_cubin(source, "sm_90", (("SPARSE_MLA_WARPS", warps),)))
-    # __launch_bounds__(32 * warps, 2): two CTAs per SM, so at most 65536 / (2 * 32 * warps) registers.
-    assert usage["REG"] <= min(255, 65536 // (64 * warps))
+    defines = (("SPARSE_MLA_WARPS", warps), ("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_CTAS_PER_SM", ctas))
+    usage = resource_usage(compile_cubin(source, "sm_90", defines))
+    # __launch_bounds__(32 * warps, ctas): at most 65536 / (ctas * 32 * warps) registers a thread.
+    assert usage["REG"] <= min(255, 65536 // (ctas * 32 * warps))
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0
 
 

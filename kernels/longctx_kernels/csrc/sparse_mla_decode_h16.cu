@@ -22,9 +22,15 @@ namespace {
 #ifndef SPARSE_MLA_WARPS
 #define SPARSE_MLA_WARPS 4
 #endif
+#ifndef SPARSE_MLA_TILE
+#define SPARSE_MLA_TILE 64
+#endif
+#ifndef SPARSE_MLA_CTAS_PER_SM
+#define SPARSE_MLA_CTAS_PER_SM 2
+#endif
 constexpr int kWarps = SPARSE_MLA_WARPS;  // 4 or 8 (the loader's -D)
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTile = 64;          // rows per tile
+constexpr int kTile = SPARSE_MLA_TILE;    // rows per tile: 32 or 64
 constexpr int kRowsPerWarp = kTile / kWarps;   // S rows (tokens) of one warp: 16 or 8
 constexpr int kNTiles = kRowsPerWarp / 8;      // their n8 tiles: 2 or 1
 constexpr int kColsPerWarp = 512 / kWarps;     // output columns of one warp: 128 or 64
@@ -170,7 +176,7 @@ __device__ __forceinline__ void store_tile(Shared& sh, const TileRegs& r, int ti
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
+extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM)
 sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache,
                       const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
                       int B, int H, int K, int k_per_split, float qk_scale_log2) {
@@ -318,7 +324,9 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
 
     // O += (P s_g / s_ref) V8 for this warp's columns, all in latent group g.
     const float* scale_g = sh.scale + group * kTile;
-    float s_ref = fmaxf(scale_g[lane], scale_g[lane + 32]);
+    float s_ref = 0.f;
+    #pragma unroll
+    for (int t = lane; t < kTile; t += 32) s_ref = fmaxf(s_ref, scale_g[t]);
     #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s_ref = fmaxf(s_ref, __shfl_xor_sync(0xffffffffu, s_ref, off));
     if (!(s_ref > 0.f)) s_ref = 1.f;
@@ -330,7 +338,7 @@ sparse_mla_decode_h16(const unsigned short* __restrict__ q, const unsigned char*
       o[n][0] *= f0; o[n][1] *= f0; o[n][2] *= f1; o[n][3] *= f1;
     }
     #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kTile / 16; ++j) {
       const int t = 16 * j + frag_col;
       const float w0 = scale_g[t] * inv_ref, w1 = scale_g[t + 1] * inv_ref;
       const float w8 = scale_g[t + 8] * inv_ref, w9 = scale_g[t + 9] * inv_ref;
