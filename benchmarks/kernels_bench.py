@@ -25,7 +25,7 @@ import triton
 from longctx_kernels import measure
 from longctx_kernels.cp_sharding import dcp_local_positions, dcp_local_positions_reference, pcp_shard, pcp_shard_reference, pcp_unshard
 from longctx_kernels.hisparse import bucket_by_host_row, gather_rows
-from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk
+from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk, radix_topk_cuda
 from longctx_kernels.lse_merge import lse_merge, lse_merge_reference
 from longctx_kernels.sparse_mla import (pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda,
                                         sparse_mla_decode_reference)
@@ -153,14 +153,26 @@ def bench_indexer(gen):
         check="exact set" if topk_ok else "WRONG", note=f"chunk,block,warps={cfg_t}; 5 launches, logits L2-resident")
     ms_single = measure.graph_median_ms(lambda: radix_topk(logits, lens, topk, 8192, 16, chunk=None))
     print(f"    (first version, one program per request: {ms_single*1e3:.1f} us)")
+    out_c = torch.full((batch, topk), -7, dtype=torch.int32, device="cuda")  # poisoned: an unwritten slot fails
+    ids_c = radix_topk_cuda(logits, lens, topk, out=out_c)
+    cuda_ok = torch.equal(torch.gather(logits, 1, ids_c.long()).sort(dim=1).values, ref_vals) and \
+        all(ids_c[b].unique().numel() == topk for b in range(batch))
+    ms_c = measure.graph_median_ms(lambda: radix_topk_cuda(logits, lens, topk, out=out_c))
+    row("radix_topk 2048 (CUDA)", f"B={batch} L=64K", ms_c, 4 * batch * seq_len + 4 * batch * topk,
+        check="exact set" if cuda_ok else "WRONG", note="csrc/radix_topk.cu: one 1024-thread CTA per row, 11/11/10-bit "
+        f"rounds, shared-memory histograms; Triton {ms_t*1e3:.1f} us in the same run")
     ms_torch = measure.graph_median_ms(lambda: torch.topk(logits, topk, dim=1))
     row("torch.topk 2048 (reference point)", f"B={batch} L=64K", ms_torch, 4 * batch * seq_len + 8 * batch * topk,
         check="", note="values + int64 ids, sorted")
-    ms_all = measure.graph_median_ms(lambda: radix_topk(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1],
-                                                                       num_stages=cfg[2], unroll=cfg[3], out=logits),
-                                                        lens, topk, cfg_t[1], cfg_t[2], chunk=cfg_t[0]))
+    if cuda_ok:
+        select = lambda lg: radix_topk_cuda(lg, lens, topk, out=out_c)  # noqa: E731
+    else:
+        select = lambda lg: radix_topk(lg, lens, topk, cfg_t[1], cfg_t[2], chunk=cfg_t[0])  # noqa: E731
+    ms_all = measure.graph_median_ms(lambda: select(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1],
+                                                                   num_stages=cfg[2], unroll=cfg[3], out=logits)))
     row("indexer logits + top-k", f"B={batch} L=64K H_I={heads} K={topk}", ms_all,
-        key_bytes + io_bytes + 4 * batch * seq_len, check="", note="DeepGEMM logits alone: 149 us")
+        key_bytes + io_bytes + 4 * batch * seq_len, check="",
+        note=f"top-k by {'CUDA' if cuda_ok else 'Triton'}; DeepGEMM logits alone: 149 us")
 
 
 # Sparse-MLA config: (block_h, splits, warps, stages, block_k, column slices, prefetch, fp16 MMA); bf16 partials.

@@ -14,6 +14,8 @@ chunk of the row), whose histograms meet in global memory through atomics. Ids a
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import triton
 import triton.language as tl
@@ -318,3 +320,22 @@ def indexer_topk(q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len:
     """Decode indexer: logits then top-k ids [B, k]."""
     logits = indexer_logits(q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len)
     return radix_topk(logits, seq_lens, k)
+
+
+def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The hand-written CUDA version of :func:`radix_topk` (csrc/radix_topk.cu): one CTA per
+    row, radix select in 11/11/10-bit rounds with shared-memory histograms."""
+    from .cuda_module import load
+
+    batch, max_len = logits.shape
+    assert logits.dtype == torch.float32 and seq_lens.dtype == torch.int32
+    logits = logits.contiguous()
+    if out is None:
+        out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
+    scratch = torch.empty(batch * 2 * max_len, dtype=torch.int32, device=logits.device)
+    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index)
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    kernel.launch((batch, 1, 1), 1024, [
+        (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (scratch.data_ptr(), ptr),
+        (max_len, i32), (k, i32)], torch.cuda.current_stream(logits.device).cuda_stream)
+    return out

@@ -1,5 +1,5 @@
-"""The hand-written CUDA kernel compiles with NVRTC for an H200 (sm_90) on this GPU-less host,
-without spills; its results are checked against the reference by benchmarks/kernels_bench.py
+"""The hand-written CUDA kernels compile with NVRTC for an H200 (sm_90) on this GPU-less host,
+without spills; their results are checked against the references by benchmarks/kernels_bench.py
 on an H200 (docs/benchmarks.md)."""
 
 import os
@@ -37,3 +37,10 @@ def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(warps, tile, ct
 def test_compile_errors_carry_the_nvrtc_log():
     with pytest.raises(CudaError, match="undefined"):
         compile_cubin('extern "C" __global__ void k() { undefined_symbol(); }', "sm_90")
+
+
+def test_radix_topk_cuda_kernel_compiles_for_h200_without_spills():
+    usage = resource_usage(compile_cubin((CSRC / "radix_topk.cu").read_text(), "sm_90"))
+    # __launch_bounds__(1024, 1): 64 registers a thread at most.
+    assert usage["REG"] <= 64
+    assert usage["STACK"] == 0 and usage["LOCAL"] == 0
