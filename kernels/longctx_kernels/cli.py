@@ -42,9 +42,11 @@ def _run(name: str, threshold: str, fn) -> Check:
 
 
 def _kernel_check():
-    """The Triton kernel at 64 heads and the NVRTC-compiled CUDA kernel at 8, on a NaN-poisoned output."""
+    """Sparse MLA by the Triton kernel (64 heads) and the NVRTC-compiled CUDA kernel (8 heads) on
+    NaN-poisoned outputs, and the CUDA top-k with ties: a node whose NVRTC or driver API fails is caught."""
     import torch
 
+    from .indexer import radix_topk_cuda
     from .sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda, sparse_mla_decode_reference
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -58,8 +60,13 @@ def _kernel_check():
         ref, _ = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
         err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
         errors.append(float("inf") if err != err else err)
-    return (f"rel err {max(errors):.1e}", max(errors) < 1e-2,
-            "sparse MLA decode, Triton (H=64) and CUDA (H=8), vs PyTorch reference")
+    logits = torch.randint(0, 1000, (4, 65536), device="cuda", generator=gen).float()  # many ties
+    ids = radix_topk_cuda(logits, torch.full((4,), 65536, device="cuda", dtype=torch.int32), 2048)
+    topk_ok = torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values,
+                          torch.topk(logits, 2048, dim=1).values.sort(dim=1).values)
+    topk_ok &= all(ids[b].unique().numel() == 2048 for b in range(4))
+    return (f"rel err {max(errors):.1e}, top-k {'exact' if topk_ok else 'WRONG'}", max(errors) < 1e-2 and topk_ok,
+            "sparse MLA (Triton H=64, CUDA H=8) vs PyTorch; CUDA top-k vs torch.topk")
 
 
 def preflight(args: argparse.Namespace) -> int:
@@ -95,7 +102,7 @@ def preflight(args: argparse.Namespace) -> int:
                 return (f"{bus / 1e9:.0f} GB/s bus", ok and bus / 1e9 >= args.min_allgather_gbs,
                         f"{gpus} GPUs, 64 MiB/rank, {ms:.3f} ms, data {'correct' if ok else 'WRONG'}")
             checks.append(_run("NCCL all-gather", f">= {args.min_allgather_gbs} GB/s", all_gather))
-        checks.append(_run("kernel correctness", "rel err < 1e-2", _kernel_check))
+        checks.append(_run("kernel correctness", "err < 1e-2, exact", _kernel_check))
     else:
         print("node: no CUDA GPU visible: GPU checks (HBM, H2D, all-gather, kernel) were not possible")
     device = "cuda" if has_gpu else "cpu"
