@@ -297,8 +297,9 @@ def sparse_mla_decode_cuda(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode_h16.cu) for up to 16 heads on
     sm_89+ (its e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
-    :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16 partials). `num_warps` (4 or 8) per CTA, `tile` (32 or 64) rows per
-    step, `ctas_per_sm` the register budget's target (__launch_bounds__)."""
+    :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
+    partials). `num_warps` (4 or 8) per CTA, `tile` (32 or 64) rows per step, `ctas_per_sm` the
+    register budget's target (__launch_bounds__)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
