@@ -21,13 +21,14 @@ RUN python -m pip install --no-cache-dir "setuptools>=68" wheel \
 # ---------------------------------------------------------------- engine
 # vLLM 0.33.0 (with torch and Triton) comes from the base image; we add the longctx
 # packages without dependencies (they need only PyYAML, which vLLM already brings) and
-# NIXL at the version the NIXL connector requires (>= 1.5.0).
+# NIXL at the version the NIXL connector requires (>= 1.5.0). The CUDA kernels compile at first
+# use through NVRTC from cuda-bindings, which the image's torch already depends on: checked here.
 FROM ${VLLM_IMAGE} AS engine
 COPY --from=wheel /wheels /tmp/wheels
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && python3 -m pip install --no-cache-dir "nixl==1.5.1" \
  && rm -rf /tmp/wheels \
- && python3 -c "import longctx_engine.entrypoint, longctx_kernels" \
+ && python3 -c "import longctx_engine.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
  && longctx-engine --help >/dev/null
 ENV VLLM_NO_USAGE_STATS=1
 # The operator sets the container command to
