@@ -10,12 +10,8 @@ import sys
 import torch
 
 from longctx_kernels.indexer import radix_topk_cuda, topk_reference
+from longctx_kernels.measure import relative_error as rel
 from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda, sparse_mla_decode_reference
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float("inf") if torch.isnan(a).any() else ((a - b).norm() / b.norm()).item()
 
 
 def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:

@@ -74,7 +74,7 @@ def main() -> None:
     p.add_argument("--maxnreg", type=int, help="register cap per thread (more programs per SM, maybe spills)")
     args = p.parse_args()
     constexprs = dict(BLOCK_H=args.block_h, BLOCK_K=args.block_k, NCOL=args.col_splits, PREFETCH=args.prefetch,
-                      SPLIT_OUTPUT=True, DOT_DTYPE=tl.float16 if args.fp16 else tl.bfloat16)
+                      DOT_DTYPE=tl.float16 if args.fp16 else tl.bfloat16)
     cubin, shared = compile_sm90(constexprs, args.warps, args.stages, args.maxnreg)
     usage = cuobjdump(cubin, "--dump-resource-usage")
     regs = int(re.search(r"REG:(\d+)", usage).group(1))

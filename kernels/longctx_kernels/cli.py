@@ -47,6 +47,7 @@ def _kernel_check():
     import torch
 
     from .indexer import radix_topk_cuda
+    from .measure import exact_topk, relative_error
     from .sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda, sparse_mla_decode_reference
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -57,14 +58,10 @@ def _kernel_check():
         q = torch.randn(4, heads, 576, device="cuda", generator=gen).bfloat16()
         out = torch.full((4, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
         decode(q, cache, slots, 576**-0.5, num_splits=4, out=out)
-        ref, _ = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
-        err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-        errors.append(float("inf") if err != err else err)
+        errors.append(relative_error(out, sparse_mla_decode_reference(q, cache, slots, 576**-0.5)[0]))
     logits = torch.randint(0, 1000, (4, 65536), device="cuda", generator=gen).float()  # many ties
-    ids = radix_topk_cuda(logits, torch.full((4,), 65536, device="cuda", dtype=torch.int32), 2048)
-    topk_ok = torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values,
-                          torch.topk(logits, 2048, dim=1).values.sort(dim=1).values)
-    topk_ok &= all(ids[b].unique().numel() == 2048 for b in range(4))
+    lengths = torch.full((4,), 65536, device="cuda", dtype=torch.int32)
+    topk_ok = exact_topk(logits, radix_topk_cuda(logits, lengths, 2048))
     return (f"rel err {max(errors):.1e}, top-k {'exact' if topk_ok else 'WRONG'}", max(errors) < 1e-2 and topk_ok,
             "sparse MLA (Triton H=64, CUDA H=8) vs PyTorch; CUDA top-k vs torch.topk")
 

@@ -11,6 +11,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from cuda.bindings import driver, nvrtc
+
 CSRC = Path(__file__).with_name("csrc")
 
 
@@ -27,8 +30,6 @@ def _check(result):
 
 def compile_cubin(source: str, arch: str, defines: tuple[tuple[str, int], ...] = ()) -> bytes:
     """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"), with -D`defines`. Needs no GPU."""
-    from cuda.bindings import nvrtc
-
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []))
     opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo"] + [f"-D{k}={v}".encode() for k, v in defines]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -50,8 +51,6 @@ class Kernel:
     shared_bytes: int
 
     def launch(self, grid: tuple[int, int, int], block: int, args: list[tuple[int | float, type]], stream: int) -> None:
-        from cuda.bindings import driver
-
         values, types = zip(*args)
         _check(driver.cuLaunchKernel(self.function, *grid, block, 1, 1, self.shared_bytes,
                                      driver.CUstream(stream), (values, types), 0))
@@ -61,9 +60,6 @@ class Kernel:
 def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[str, int], ...] = ()) -> Kernel:
     """Compile `csrc/source_file` (with -D`defines`) for the device's architecture and load kernel
     `name`; `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory."""
-    import torch
-    from cuda.bindings import driver
-
     torch.cuda.init()  # the primary context, current on this thread
     major, minor = torch.cuda.get_device_capability(device_index)
     cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}", defines)

@@ -1,4 +1,5 @@
-"""Node ceilings measured with CUDA events: HBM copy, pinned PCIe copies, NCCL all-gather."""
+"""Node ceilings measured with CUDA events (HBM copy, pinned PCIe copies, NCCL all-gather), and the
+comparisons the GPU checks judge kernels by."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ import statistics
 from typing import Callable
 
 import torch
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64; NaN anywhere in `actual` gives inf."""
+    a, e = actual.double(), expected.double()
+    return float("inf") if torch.isnan(a).any() else ((a - e).norm() / e.norm()).item()
+
+
+def exact_topk(logits: torch.Tensor, ids: torch.Tensor) -> bool:
+    """Full-length rows: each row's ids are distinct and their logits are its k largest (ties in any order)."""
+    k = ids.shape[1]
+    return torch.equal(torch.gather(logits, 1, ids.long()).sort(dim=1).values,
+                       torch.topk(logits, k, dim=1).values.sort(dim=1).values) and \
+        all(ids[b].unique().numel() == k for b in range(ids.shape[0]))
 
 
 def median_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:

@@ -130,7 +130,7 @@ def _sparse_mla_decode_kernel(
     q_ptr, cache_u8, cache_f32, cache_bf16, topk_ptr, out_ptr, lse_ptr,
     B, H, K, k_per_split, qk_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, NCOL: tl.constexpr, PREFETCH: tl.constexpr,
-    SPLIT_OUTPUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     # One 656-B row is read through three views of the cache: 656 uint8 (fp8
     # latent at bytes 0..511), 164 fp32 (scales at words 128..131) and 328 bf16
@@ -205,12 +205,9 @@ def _sparse_mla_decode_kernel(
     inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
     d = col * (512 // NCOL) + tl.arange(0, 128)
-    if SPLIT_OUTPUT:
-        base = out_ptr + (split * B * H + q_row)[:, None].to(tl.int64) * 512 + d[None, :]
-        lse_at = lse_ptr + split * B * H + q_row
-    else:
-        base = out_ptr + q_row[:, None].to(tl.int64) * 512 + d[None, :]
-        lse_at = lse_ptr + q_row
+    # Slice `split` of [splits, B, H, ...] outputs; with one slice, that is [B, H, ...].
+    base = out_ptr + (split * B * H + q_row)[:, None].to(tl.int64) * 512 + d[None, :]
+    lse_at = lse_ptr + split * B * H + q_row
     tl.store(lse_at, lse, mask=h_ok & (col == 0))
     ty = out_ptr.dtype.element_ty
     tl.store(base, (acc0 * inv_l[:, None]).to(ty), mask=h_ok[:, None])
@@ -267,19 +264,26 @@ def sparse_mla_decode(
     dot_dtype = tl.float16 if fp16_mma and not interpreting() else bf16_dot_dtype()
     args = dict(BLOCK_H=block_h, BLOCK_K=block_k, NCOL=num_col_splits, PREFETCH=prefetch, DOT_DTYPE=dot_dtype,
                 num_warps=num_warps, num_stages=num_stages)
-    qk_scale_log2 = sm_scale / math.log(2.0)
-    if num_splits == 1:
-        if out is None:
-            out = torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
-        if out_lse is None:
-            out_lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
-        _sparse_mla_decode_kernel[grid](q, *views, topk_slots, out, out_lse, batch, heads, k, k_per_split,
-                                        qk_scale_log2, SPLIT_OUTPUT=False, **args)
-        return out, out_lse
-    part = torch.empty((num_splits, batch, heads, LATENT), dtype=partial_dtype, device=q.device)
-    part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
+    part, part_lse = _slice_outputs(q, num_splits, partial_dtype, out, out_lse)
     _sparse_mla_decode_kernel[grid](q, *views, topk_slots, part, part_lse, batch, heads, k, k_per_split,
-                                    qk_scale_log2, SPLIT_OUTPUT=True, **args)
+                                    sm_scale / math.log(2.0), **args)
+    return _merge_slices(num_splits, part, part_lse, out, out_lse)
+
+
+def _slice_outputs(q, num_splits, partial_dtype, out, out_lse) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a decode kernel writes: with one slice of the top-k list, `out`/`out_lse` (or new
+    [B, H, 512] bf16 / [B, H] fp32); with more, [slices, B, H, ...] partials for lse_merge."""
+    batch, heads, _ = q.shape
+    if num_splits == 1:
+        return (out if out is not None else torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device),
+                out_lse if out_lse is not None else torch.empty((batch, heads), dtype=torch.float32, device=q.device))
+    return (torch.empty((num_splits, batch, heads, LATENT), dtype=partial_dtype, device=q.device),
+            torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device))
+
+
+def _merge_slices(num_splits, part, part_lse, out, out_lse) -> tuple[torch.Tensor, torch.Tensor]:
+    if num_splits == 1:
+        return part, part_lse
     return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)
 
 
@@ -313,17 +317,10 @@ def sparse_mla_decode_cuda(
     assert num_warps in (4, 8) and tile in (32, 64) and tile // num_warps >= 8
     defines = (("SPARSE_MLA_WARPS", num_warps), ("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm))
     kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index, defines)
-    if num_splits == 1:
-        part = out if out is not None else torch.empty((batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
-        part_lse = out_lse if out_lse is not None else torch.empty((batch, heads), dtype=torch.float32, device=q.device)
-    else:
-        part = torch.empty((num_splits, batch, heads, LATENT), dtype=torch.bfloat16, device=q.device)
-        part_lse = torch.empty((num_splits, batch, heads), dtype=torch.float32, device=q.device)
+    part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     kernel.launch((num_splits, batch, 1), 32 * num_warps, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
         (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
-    if num_splits == 1:
-        return part, part_lse
-    return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)
+    return _merge_slices(num_splits, part, part_lse, out, out_lse)
