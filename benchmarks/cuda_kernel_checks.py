@@ -38,24 +38,59 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     return results
 
 
+def _sampled_chunks(n: int) -> torch.Tensor:
+    """Mask of the float4 chunks of a row of n logits that the kernel's sample reads."""
+    chunks = (n + 3) // 4
+    sampled = torch.zeros(chunks, dtype=torch.bool)
+    sampled[torch.arange(2048) * chunks // 2048] = True
+    return sampled
+
+
+def _large_logits_at(rows: int, length: int, lens: torch.Tensor, gen: torch.Generator, in_sample: bool,
+                     count: int) -> torch.Tensor:
+    # Put `count` large logits (4 a chunk) in chunks the sample reads, or in chunks it does not.
+    logits = torch.randn(rows, length, device="cuda", generator=gen)
+    for b in range(rows):
+        n = int(lens[b])
+        chunks = _sampled_chunks(n)
+        chosen = (chunks if in_sample else ~chunks).nonzero().flatten()[: count // 4]
+        pos = (chosen[:, None] * 4 + torch.arange(4)).flatten()
+        pos = pos[pos < n].cuda()
+        logits[b, pos] = 1e6 + torch.rand(pos.numel(), device="cuda", generator=gen)
+    return logits
+
+
 def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     rows, length = 6, 70000
     lens = torch.tensor([length, 50000, 2048, 100, 65536, 4097], device="cuda", dtype=torch.int32)
     cases = {
-        "random, mixed lengths": torch.randn(rows, length, device="cuda", generator=gen),
-        "heavy ties (5 values)": torch.randint(0, 5, (rows, length), device="cuda", generator=gen).float(),
-        "all equal": torch.full((rows, length), 3.0, device="cuda"),
-        "tiny negatives": -torch.rand(rows, length, device="cuda", generator=gen) * 1e-3,
+        "random, mixed lengths": (torch.randn(rows, length, device="cuda", generator=gen), lens),
+        "heavy ties (5 values)": (torch.randint(0, 5, (rows, length), device="cuda", generator=gen).float(), lens),
+        "all equal": (torch.full((rows, length), 3.0, device="cuda"), lens),
+        "tiny negatives": (-torch.rand(rows, length, device="cuda", generator=gen) * 1e-3, lens),
+        "ascending rows": (torch.arange(length, device="cuda").float().expand(rows, length).contiguous(), lens),
+        # 3000 large logits the sample never sees: the listed range comes from the listed keys.
+        "large logits outside the sample": (_large_logits_at(rows, length, lens, gen, False, 3000), lens),
+        # The sample is all large logits: its threshold lists fewer than k ids, so the select
+        # falls back to the whole row.
+        "large logits only in the sample": (_large_logits_at(rows, length, lens, gen, True, 8192), lens),
+        # -inf is never a candidate: rows with fewer finite logits than k need the fallback too.
+        "mostly -inf": (torch.randn(rows, length, device="cuda", generator=gen).masked_fill(
+            torch.rand(rows, length, device="cuda", generator=gen) < 0.99, float("-inf")), lens),
+        # max_len not a multiple of 4: the rows are not 16-B aligned, so the kernel reads scalars.
+        "odd row length (scalar loads)": (torch.randn(rows, length + 1, device="cuda", generator=gen),
+                                          torch.tensor([length + 1, 50001, 2049, 101, 65537, 4099], device="cuda",
+                                                       dtype=torch.int32)),
     }
     results = []
     for k in (2048, 100):
-        for name, logits in cases.items():
+        for name, (logits, row_lens) in cases.items():
             out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")  # an unwritten slot fails
-            radix_topk_cuda(logits, lens, k, out=out)
-            ref = topk_reference(logits, lens, k)
+            radix_topk_cuda(logits, row_lens, k, out=out)
+            ref = topk_reference(logits, row_lens, k)
             ok = True
             for b in range(rows):
-                n = int(lens[b])
+                n = int(row_lens[b])
                 kk = min(n, k)
                 ids = out[b, :kk]
                 ok &= bool((out[b, kk:] == -1).all() and (ids >= 0).all() and (ids < n).all())

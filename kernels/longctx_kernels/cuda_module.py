@@ -31,7 +31,8 @@ def _check(result):
 def compile_cubin(source: str, arch: str, defines: tuple[tuple[str, int], ...] = ()) -> bytes:
     """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"), with -D`defines`. Needs no GPU."""
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []))
-    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo"] + [f"-D{k}={v}".encode() for k, v in defines]
+    # -default-device: unannotated functions (generic lambdas among them) are device code.
+    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo", b"-default-device"] + [f"-D{k}={v}".encode() for k, v in defines]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if int(err) != 0:
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog))

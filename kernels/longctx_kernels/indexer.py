@@ -322,9 +322,12 @@ def indexer_topk(q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len:
     return radix_topk(logits, seq_lens, k)
 
 
-def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: torch.Tensor | None = None,
+                    row_batch: int = 4) -> torch.Tensor:
     """The hand-written CUDA version of :func:`radix_topk` (csrc/radix_topk.cu): one CTA per
-    row, radix select in 11/11/10-bit rounds with shared-memory histograms."""
+    row; a pass over the row lists the ids above a threshold taken from a sample, then rounds of
+    2048 bins fitted to the listed keys' range select among them. A thread loads `row_batch`
+    float4 chunks at a time (up to 6 fit in 64 registers without spills)."""
     from .cuda_module import load
 
     batch, max_len = logits.shape
@@ -332,8 +335,8 @@ def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: t
     logits = logits.contiguous()
     if out is None:
         out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
-    scratch = torch.empty(batch * 2 * max_len, dtype=torch.int32, device=logits.device)
-    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index)
+    scratch = torch.empty(batch * 4 * max_len, dtype=torch.int32, device=logits.device)  # two (key, id) lists a row
+    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index, (("TOPK_ROW_BATCH", row_batch),))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     kernel.launch((batch, 1, 1), 1024, [
         (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (scratch.data_ptr(), ptr),

@@ -1,62 +1,229 @@
-// Top-k ids of each row of fp32 logits: one CTA of 1024 threads per row, radix select in
-// three rounds of 11, 11 and 10 bits with shared-memory histograms.
+// Top-k ids of each row of fp32 logits: one CTA of 1024 threads per row, a radix-style select
+// whose 2048 bins are fitted to the keys' range in each round.
 //
 // Same contract as indexer.topk_reference: ids of the k largest logits within seq_len, unordered,
-// -1 past min(k, seq_len). Round 1 reads the row twice (histogram, then emit the ids above the
-// threshold bin and list the ones in it); later rounds work on that list (in `scratch`), usually
-// a few hundred ids. Why by hand: Triton's histogram and its one-program-per-chunk layout cost
-// 118.7 us at B=64, L=64K (docs/benchmarks.md), for 16.8 MB that sit in L2.
+// -1 past min(k, seq_len). Logits are finite or -inf (the indexer's are); a NaN is never listed
+// by step 1, which compares floats.
 //
+// 1. A sample of 8192 logits (2048 float4 chunks spread over the row) gives a threshold key tau:
+//    about twice as many keys of the sample lie above it as the top k would hold. One pass over
+//    the row lists every id whose key is >= tau, typically 2-3x k of them. (If fewer than k are
+//    listed, the sample misled; the rounds below then start from the whole row.)
+// 2. Rounds: bin each listed key by its distance below the list's largest key,
+//    (key_hi - key) >> shift, with shift chosen so that the list's range fills the 2048 bins. The
+//    binning is monotone, so the ids in bins above the one holding the k-th largest are selected,
+//    and that bin's ids form the next list. Each round narrows the range by 2^11; a list whose
+//    keys are all equal, or all needed, ends the select (ties: the first ones listed), and a list
+//    of at most 128 entries is finished by ranking each entry against the others. Usually one
+//    round runs.
+// Fixed radix digits (the previous version's top 11 bits first) put all logits of one sign and
+// exponent into a few bins: hot shared-memory atomics and a first list of a quarter of the row.
+// Reading the row once instead of twice (histogram, then emit) halves the per-element work, and
+// a thread appends its picks of a whole batch at once (one warp scan, one atomic), since nearly
+// every warp holds a pick: a ballot and an atomic per key cost ~50 instructions a key.
+//
+// Why by hand: Triton's histogram costs 118.7 us at B=64, L=64K (docs/benchmarks.md).
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
+
+#ifndef TOPK_ROW_BATCH
+#define TOPK_ROW_BATCH 4
+#endif
 
 namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 2048;
-constexpr int kCopies = 8;  // histogram copies, 4 warps each: fewer collisions on hot bins
-constexpr int kBatch = 8;  // ids a thread reads before using any: one L2 round trip per 8
+constexpr int kBinBits = 11;
+constexpr int kBins = 1 << kBinBits;
+constexpr int kCopies = 4;                 // histogram copies, for hot bins (ties)
+constexpr int kBatch = TOPK_ROW_BATCH;     // row chunks (float4) a thread loads before using any
+constexpr int kListBatch = 8;              // list entries a thread loads before using any
+constexpr int kSamplePerThread = 2;        // sampled chunks a thread
+constexpr int kRankSelectMax = 128;        // lists this short are finished by ranking
+constexpr unsigned kFull = 0xffffffffu;
+constexpr unsigned kLowestFiniteKey = 0x00800000u;  // ordered_key(-FLT_MAX)
+
+static_assert(kWarps == 32, "find_threshold_bin scans the warps' sums in one warp");
 
 struct Shared {
   int hist[kCopies][kBins];
   int warp_sums[kWarps];
   int threshold_bin;
-  int num_greater;   // ids already emitted
-  int list_size[2];  // candidates in each scratch list
+  int num_greater;          // ids already emitted
+  int list_size[2];         // entries in each scratch list
+  int sampled;              // keys in the sample
+  unsigned key_lo, key_hi;  // the next round's key range
 };
+static_assert(sizeof(Shared::hist) >= kRankSelectMax * sizeof(uint2), "the ranked list is staged in the histograms");
 
+// fp32 -> uint32 with the same order (negatives flipped, positives above them).
 __device__ __forceinline__ unsigned ordered_key(float x) {
   const unsigned b = __float_as_uint(x);
-  return (b >> 31) ? ~b : (b | 0x80000000u);
+  return b ^ ((unsigned)((int)b >> 31) | 0x80000000u);
 }
 
-// Bins are numbered from the top (bin 0 = the largest digit) so that "greater" means "lower bin".
-__device__ __forceinline__ int bin_of(unsigned key, int shift, int bits) {
-  return (1 << bits) - 1 - (int)((key >> shift) & ((1u << bits) - 1));
+// Bin 0 holds the largest keys, so "greater" means "lower bin".
+__device__ __forceinline__ int bin_of(unsigned key, unsigned key_hi, int shift) {
+  return key >= key_hi ? 0 : (int)min((key_hi - key) >> shift, (unsigned)(kBins - 1));
 }
 
-// Appends `pos` to dst where `take` holds, one atomic per warp (all 32 lanes must call it).
-__device__ __forceinline__ void warp_append(bool take, int pos, int* counter, int* dst, int limit) {
-  const unsigned lanes = __ballot_sync(0xffffffffu, take);
-  if (lanes == 0) return;
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  if (lane == __ffs(lanes) - 1) base = atomicAdd(counter, __popc(lanes));
-  base = __shfl_sync(0xffffffffu, base, __ffs(lanes) - 1);
-  const int slot = base + __popc(lanes & ((1u << lane) - 1));
-  if (take && slot < limit) dst[slot] = pos;
+// Inverse of ordered_key.
+__device__ __forceinline__ float key_float(unsigned key) {
+  return __uint_as_float(key & 0x80000000u ? key ^ 0x80000000u : ~key);
 }
 
-// Ids first + u * kThreads (u < kBatch) of the row or of a list, and their logits; -1 past count.
-__device__ __forceinline__ void read_batch(int (&pos)[kBatch], float (&v)[kBatch], const float* __restrict__ row,
-                                           const int* list, int first, int count) {
-  #pragma unroll
-  for (int u = 0; u < kBatch; ++u) {
-    const int i = first + u * kThreads;
-    pos[u] = i < count ? (list ? list[i] : i) : -1;
+// A thread's batch: key(i) for the unrolled loops, bit i of `valid` says whether it is one, and
+// entry(i) re-reads (key, id) for a runtime i (through L1; indexing the registers at run time would
+// put them in local memory).
+struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf past n
+  static constexpr int kSize = 4 * kBatch;
+  const float* row;
+  float x[kSize];
+  unsigned valid;
+  int base;
+  __device__ __forceinline__ int pos(int i) const { return 4 * (base + (i / 4) * kThreads) + i % 4; }
+  __device__ __forceinline__ unsigned key(int i) const { return ordered_key(x[i]); }
+  __device__ __forceinline__ uint2 entry(int i) const { return make_uint2(ordered_key(row[pos(i)]), pos(i)); }
+};
+struct ListBatch {  // kListBatch entries (key, id) of a scratch list, base + u * kThreads
+  static constexpr int kSize = kListBatch;
+  const uint2* list;
+  unsigned keys[kSize];
+  unsigned valid;
+  int base;
+  __device__ __forceinline__ unsigned key(int i) const { return keys[i]; }
+  __device__ __forceinline__ uint2 entry(int i) const { return list[base + i * kThreads]; }
+};
+
+// Logits 4c .. 4c+3 of the row (-inf past n): one 16-B load when the row allows it.
+__device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int c, int n, bool vec4) {
+  const float pad = -__int_as_float(0x7f800000);
+  float4 v = make_float4(pad, pad, pad, pad);
+  if (4 * c >= n) return v;
+  if (vec4) return reinterpret_cast<const float4*>(row)[c];
+  const int p = 4 * c;
+  v.x = row[p];
+  if (p + 1 < n) v.y = row[p + 1];
+  if (p + 2 < n) v.z = row[p + 2];
+  if (p + 3 < n) v.w = row[p + 3];
+  return v;
+}
+
+// Calls f(batch) for each RowBatch of the row; all threads make the same number of calls.
+template <class F>
+__device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bool vec4, F f) {
+  const int chunks = (n + 3) >> 2;
+  for (int base = threadIdx.x; base < chunks + (int)threadIdx.x; base += kThreads * kBatch) {
+    float4 v[kBatch];
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = load_chunk(row, base + u * kThreads, n, vec4);
+    RowBatch batch;
+    batch.row = row;
+    batch.base = base;
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      batch.x[4 * u] = v[u].x;
+      batch.x[4 * u + 1] = v[u].y;
+      batch.x[4 * u + 2] = v[u].z;
+      batch.x[4 * u + 3] = v[u].w;
+    }
+    if (batch.pos(RowBatch::kSize - 1) < n) {
+      batch.valid = (1u << RowBatch::kSize) - 1;
+    } else {
+      batch.valid = 0;
+      #pragma unroll
+      for (int i = 0; i < RowBatch::kSize; ++i) batch.valid |= (unsigned)(batch.pos(i) < n) << i;
+    }
+    f(batch);
   }
+}
+
+// Same for the ListBatches of a scratch list.
+template <class F>
+__device__ __forceinline__ void for_list(const uint2* list, int count, F f) {
+  for (int base = threadIdx.x; base < count + (int)threadIdx.x; base += kThreads * kListBatch) {
+    ListBatch batch;
+    batch.list = list;
+    batch.base = base;
+    batch.valid = 0;
+    #pragma unroll
+    for (int u = 0; u < kListBatch; ++u) {
+      const bool ok = base + u * kThreads < count;
+      batch.keys[u] = ok ? list[base + u * kThreads].x : 0u;
+      batch.valid |= (unsigned)ok << u;
+    }
+    f(batch);
+  }
+}
+
+// Calls write(slot, entry) for the batch's entries picked by bit, at consecutive slots of
+// *counter's list: one warp scan and one atomic a warp (all lanes must call it).
+template <class B, class W>
+__device__ __forceinline__ void append_picked(unsigned picked, const B& batch, int* counter, int limit, W write) {
+  const int lane = threadIdx.x & 31;
+  const int mine = __popc(picked);
+  int incl = mine;
   #pragma unroll
-  for (int u = 0; u < kBatch; ++u) v[u] = pos[u] >= 0 ? row[pos[u]] : 0.f;
+  for (int off = 1; off < 32; off <<= 1) {
+    const int other = __shfl_up_sync(kFull, incl, off);
+    if (lane >= off) incl += other;
+  }
+  const int total = __shfl_sync(kFull, incl, 31);
+  if (total == 0) return;
+  int first = 0;
+  if (lane == 31) first = atomicAdd(counter, total);
+  int slot = __shfl_sync(kFull, first, 31) + incl - mine;
+  for (; picked != 0; picked &= picked - 1, ++slot) {
+    if (slot < limit) write(slot, batch.entry(__ffs(picked) - 1));
+  }
+}
+
+// Folds each warp's (lo, hi) into sh.key_lo / sh.key_hi.
+__device__ __forceinline__ void fold_key_range(unsigned lo, unsigned hi, Shared& sh) {
+  lo = __reduce_min_sync(kFull, lo);
+  hi = __reduce_max_sync(kFull, hi);
+  if ((threadIdx.x & 31) == 0 && lo <= hi) {
+    atomicMin(&sh.key_lo, lo);
+    atomicMax(&sh.key_hi, hi);
+  }
+}
+
+// Zeroes the histograms (the caller syncs before counting).
+__device__ __forceinline__ void clear_histograms(Shared& sh) {
+  for (int i = threadIdx.x; i < kCopies * kBins; i += kThreads) (&sh.hist[0][0])[i] = 0;
+}
+
+// After counting (and a sync): the bin where the count from the top reaches `target`, via a block
+// scan in which each thread owns two adjacent bins. The bin goes to sh.threshold_bin (read it after
+// the caller's next sync).
+__device__ __forceinline__ void find_threshold_bin(Shared& sh, int target) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int c[2];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    int v = 0;
+    #pragma unroll
+    for (int cp = 0; cp < kCopies; ++cp) v += sh.hist[cp][2 * tid + j];
+    c[j] = v;
+  }
+  int incl = c[0] + c[1];
+  #pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) sh.warp_sums[warp] = incl;
+  __syncthreads();
+  int warps_incl = sh.warp_sums[lane];  // kWarps == 32: a warp scan of the warps' sums
+  #pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(kFull, warps_incl, off);
+    if (lane >= off) warps_incl += v;
+  }
+  const int warp_base = __shfl_sync(kFull, warps_incl, (warp + 31) & 31) * (warp > 0);
+  const int before = warp_base + incl - c[0] - c[1];  // ids in bins above mine
+  if (before < target && before + c[0] >= target) sh.threshold_bin = 2 * tid;
+  else if (before + c[0] < target && before + c[0] + c[1] >= target) sh.threshold_bin = 2 * tid + 1;
 }
 
 }  // namespace
@@ -66,96 +233,185 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
                 int* __restrict__ scratch, int max_len, int K) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const int b = blockIdx.x;
   const int n = min(seq_lens[b], max_len);
   const int k_eff = min(n, K);
   const float* row = logits + (long long)b * max_len;
   int* row_out = out + (long long)b * K;
-  int* lists = scratch + (long long)b * 2 * max_len;  // two lists of max_len ids: list j at lists + j * max_len
+  // Two lists of up to max_len (key, id) entries: list j at lists + j * max_len.
+  uint2* lists = reinterpret_cast<uint2*>(scratch) + (long long)b * 2 * max_len;
+  // 16-B loads need 16-B aligned rows; the last chunk then ends within max_len.
+  const bool vec4 = (max_len & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15) == 0;
+  int* hist = sh.hist[warp % kCopies];
 
   for (int i = k_eff + tid; i < K; i += kThreads) row_out[i] = -1;
-  if (tid == 0) { sh.num_greater = 0; sh.list_size[0] = 0; sh.list_size[1] = 0; }
   if (n <= K) {  // everything is selected
     for (int i = tid; i < n; i += kThreads) row_out[i] = i;
     return;
   }
+  if (tid == 0) {
+    sh.num_greater = 0;
+    sh.list_size[0] = 0;
+    sh.sampled = 0;
+    sh.key_lo = kFull;
+    sh.key_hi = 0;
+  }
+  clear_histograms(sh);
+  __syncthreads();
 
-  int remaining = k_eff;  // ids still to find among those sharing the k-th key's digits so far
-  int src = -1;           // -1: the whole row; 0/1: a scratch list
-  for (int round = 0; round < 3; ++round) {
-    const int shift = round == 0 ? 21 : round == 1 ? 10 : 0;  // digits of 11, 11 and 10 bits
-    const int bits = round == 2 ? 10 : 11, nbins = 1 << bits;
-    for (int i = tid; i < kCopies * kBins; i += kThreads) (&sh.hist[0][0])[i] = 0;
-    __syncthreads();
-    int* hist = sh.hist[warp % kCopies];
-    const int count = src < 0 ? n : min(sh.list_size[src], max_len);
-    const int* list = src < 0 ? nullptr : lists + src * max_len;
-    for (int base = 0; base < count; base += kThreads * kBatch) {
-      int pos[kBatch];
-      float v[kBatch];
-      read_batch(pos, v, row, list, base + tid, count);
-      #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (pos[u] >= 0) atomicAdd(&hist[bin_of(ordered_key(v[u]), shift, bits)], 1);
-      }
-    }
-    __syncthreads();
-    // Sum the copies; each thread owns two adjacent bins; a block scan finds the bin where the
-    // count from the top reaches `remaining`.
-    int c[2];
+  // The sample: kSamplePerThread chunks a thread, spread over the row, kept in registers.
+  const int chunks = (n + 3) >> 2;
+  unsigned sample[kSamplePerThread][4];
+  int sample_chunk[kSamplePerThread];
+  {
+    unsigned lo = kFull, hi = 0;
+    int sampled = 0;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int bin = 2 * tid + j;
-      int v = 0;
-      if (bin < nbins) {
-        #pragma unroll
-        for (int cp = 0; cp < kCopies; ++cp) v += sh.hist[cp][bin];
-      }
-      c[j] = v;
-    }
-    int incl = c[0] + c[1];
-    #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    if (lane == 31) sh.warp_sums[warp] = incl;
-    __syncthreads();
-    int warp_base = 0;
-    for (int w = 0; w < warp; ++w) warp_base += sh.warp_sums[w];
-    const int before = warp_base + incl - c[0] - c[1];  // ids in bins above mine
-    if (before < remaining && before + c[0] >= remaining) sh.threshold_bin = 2 * tid;
-    else if (before + c[0] < remaining && before + c[0] + c[1] >= remaining) sh.threshold_bin = 2 * tid + 1;
-    __syncthreads();
-    const int tbin = sh.threshold_bin;
-    const int dst = src < 0 ? 0 : 1 - src;
-    if (tid == 0) sh.list_size[dst] = 0;
-    __syncthreads();
-    // Emit the ids above the threshold bin; list the ones in it for the next round.
-    for (int base = 0; base < count; base += kThreads * kBatch) {  // uniform: warp_append needs all lanes
-      int pos[kBatch];
-      float v[kBatch];
-      read_batch(pos, v, row, list, base + tid, count);
+    for (int j = 0; j < kSamplePerThread; ++j) {
+      sample_chunk[j] = (int)((long long)(tid + j * kThreads) * chunks / (kSamplePerThread * kThreads));
+      const float4 v = load_chunk(row, sample_chunk[j], n, vec4);
+      sample[j][0] = ordered_key(v.x);
+      sample[j][1] = ordered_key(v.y);
+      sample[j][2] = ordered_key(v.z);
+      sample[j][3] = ordered_key(v.w);
       #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int bin = pos[u] >= 0 ? bin_of(ordered_key(v[u]), shift, bits) : nbins;
-        warp_append(bin < tbin, pos[u], &sh.num_greater, row_out, k_eff);
-        warp_append(bin == tbin, pos[u], &sh.list_size[dst], lists + dst * max_len, max_len);
+      for (int e = 0; e < 4; ++e) {
+        if (4 * sample_chunk[j] + e < n) {
+          lo = min(lo, sample[j][e]);
+          hi = max(hi, sample[j][e]);
+          ++sampled;
+        }
       }
     }
+    fold_key_range(lo, hi, sh);
+    sampled = __reduce_add_sync(kFull, sampled);
+    if ((tid & 31) == 0) atomicAdd(&sh.sampled, sampled);
+  }
+  __syncthreads();
+  const unsigned sample_lo = sh.key_lo, sample_hi = sh.key_hi;
+  const int sample_shift = max(0, 32 - __clz(sample_hi - sample_lo) - kBinBits);
+
+  // Candidates: every key at or above the sample's r-th largest, r about twice the sample's
+  // expected share of the top k; usually 2-3x k ids, in one pass over the row.
+  #pragma unroll
+  for (int j = 0; j < kSamplePerThread; ++j) {
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (4 * sample_chunk[j] + e < n) atomicAdd(&hist[bin_of(sample[j][e], sample_hi, sample_shift)], 1);
+    }
+  }
+  __syncthreads();
+  const int sampled = sh.sampled;
+  find_threshold_bin(sh, min(sampled, 2 * (int)(((long long)k_eff * sampled + n - 1) / n) + 64));
+  if (tid == 0) {
+    sh.key_lo = kFull;
+    sh.key_hi = 0;
+  }
+  __syncthreads();
+  {
+    // tau: the smallest key whose bin is at or above the threshold bin.
+    const int sample_bin = sh.threshold_bin;
+    const long long lowest = (long long)sample_hi - (((long long)sample_bin + 1) << sample_shift) + 1;
+    // At least -FLT_MAX, so -inf (the padding) is never listed: compared as floats, one
+    // instruction a logit. The listed keys then lie in [tau, the row's largest key].
+    const unsigned tau = sample_bin == kBins - 1 || lowest < kLowestFiniteKey ? kLowestFiniteKey : (unsigned)lowest;
+    const float tau_float = key_float(tau);
+    unsigned hi = 0;
+    for_row(row, n, vec4, [&](const RowBatch& batch) {
+      unsigned picked = 0;
+      #pragma unroll
+      for (int i = 0; i < RowBatch::kSize; ++i) picked |= (unsigned)(batch.x[i] >= tau_float) << i;
+      append_picked(picked & batch.valid, batch, &sh.list_size[0], max_len, [&](int slot, uint2 entry) {
+        lists[slot] = entry;
+        hi = max(hi, entry.x);
+      });
+    });
+    fold_key_range(tau, hi, sh);
+  }
+  __syncthreads();
+  int src = 0;  // 0/1: a scratch list; -1: the whole row
+  if (sh.list_size[0] < k_eff) {
+    // The sample overestimated the k-th key: select from the whole row, in the sample's bins.
+    src = -1;
+    if (tid == 0) {
+      sh.key_lo = sample_lo;
+      sh.key_hi = sample_hi;
+    }
+  }
+
+  int remaining = k_eff;  // ids still to find among those in the listed bin
+  while (true) {
     __syncthreads();
-    remaining = k_eff - sh.num_greater;
-    src = dst;
-    if (sh.list_size[dst] == remaining || round == 2) {
-      // All listed ids are needed, or they all share the k-th key (ties): take the first `remaining`.
-      const int listed = min(sh.list_size[dst], max_len);
-      for (int i = tid; i < listed; i += kThreads) {
-        if (i < remaining) row_out[sh.num_greater + i] = lists[dst * max_len + i];
+    const unsigned key_lo = sh.key_lo, key_hi = sh.key_hi;
+    const int count = src < 0 ? n : sh.list_size[src];
+    const uint2* list = lists + (src < 0 ? 0 : src) * max_len;
+    if (src >= 0 && (count == remaining || key_lo == key_hi)) {
+      // Every listed id is needed, or they all share the k-th key (ties): take the first `remaining`.
+      for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)list[i].y;
+      return;
+    }
+    if (src >= 0 && count <= kRankSelectMax) {
+      // A short list: rank each entry against all others (ties by list order) and keep the
+      // `remaining` best, cheaper than another round. The entries go where the histograms were.
+      uint2* staged = reinterpret_cast<uint2*>(&sh.hist[0][0]);
+      if (tid < count) staged[tid] = list[tid];
+      __syncthreads();
+      if (tid < count) {
+        const unsigned key = staged[tid].x;
+        int rank = 0;
+        for (int j = 0; j < count; ++j) rank += staged[j].x > key || (staged[j].x == key && j < tid);
+        if (rank < remaining) row_out[sh.num_greater + rank] = (int)staged[tid].y;
       }
       return;
     }
+    const int shift = max(0, 32 - __clz(key_hi - key_lo) - kBinBits);
+    clear_histograms(sh);
     __syncthreads();
+
+    auto count_keys = [&](const auto& batch) {
+      #pragma unroll
+      for (int i = 0; i < batch.kSize; ++i) {
+        if ((batch.valid >> i) & 1) atomicAdd(&hist[bin_of(batch.key(i), key_hi, shift)], 1);
+      }
+    };
+    if (src < 0) for_row(row, n, vec4, count_keys);
+    else for_list(list, count, count_keys);
+    __syncthreads();
+    find_threshold_bin(sh, remaining);
+    const int dst = src == 0 ? 1 : 0;
+    if (tid == 0) {
+      sh.list_size[dst] = 0;
+      sh.key_lo = kFull;
+      sh.key_hi = 0;
+    }
+    __syncthreads();
+
+    // Emit the ids above the threshold bin; list the ones in it, with their key range.
+    const int tbin = sh.threshold_bin;
+    uint2* next = lists + dst * max_len;
+    unsigned lo = kFull, hi = 0;
+    auto emit_or_list = [&](const auto& batch) {
+      unsigned greater = 0, listed = 0;
+      #pragma unroll
+      for (int i = 0; i < batch.kSize; ++i) {
+        const int bin = (batch.valid >> i) & 1 ? bin_of(batch.key(i), key_hi, shift) : kBins;
+        greater |= (unsigned)(bin < tbin) << i;
+        listed |= (unsigned)(bin == tbin) << i;
+      }
+      append_picked(greater, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
+      append_picked(listed, batch, &sh.list_size[dst], max_len, [&](int slot, uint2 entry) {
+        next[slot] = entry;
+        lo = min(lo, entry.x);
+        hi = max(hi, entry.x);
+      });
+    };
+    if (src < 0) for_row(row, n, vec4, emit_or_list);
+    else for_list(list, count, emit_or_list);
+    fold_key_range(lo, hi, sh);
+    __syncthreads();
+    remaining = k_eff - sh.num_greater;
+    src = dst;
   }
 }
 
