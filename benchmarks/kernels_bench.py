@@ -146,17 +146,31 @@ def bench_indexer(gen):
         check="exact set" if topk_ok else "WRONG", note=f"chunk,block,warps={cfg_t}; 5 launches, logits L2-resident")
     ms_single = measure.graph_median_ms(lambda: radix_topk(logits, lens, topk, 8192, 16, chunk=None))
     print(f"    (first version, one program per request: {ms_single*1e3:.1f} us)")
-    out_c = torch.full((batch, topk), -7, dtype=torch.int32, device="cuda")  # poisoned: an unwritten slot fails
-    cuda_ok = exact_topk(logits, radix_topk_cuda(logits, lens, topk, out=out_c))
-    ms_c, row_batch = best([2, 4], lambda c: (lambda: radix_topk_cuda(logits, lens, topk, out=out_c, row_batch=c)))
+    out_c = torch.empty((batch, topk), dtype=torch.int32, device="cuda")
+    # (row batch, list capacity): the lists take 8 B an entry of shared memory, which L1 then lacks.
+    ms_c, (row_batch, list_cap) = best([(2, 8192), (4, 8192), (4, 4096)], lambda c: (
+        lambda: radix_topk_cuda(logits, lens, topk, out=out_c, row_batch=c[0], list_cap=c[1])))
+    out_c.fill_(-7)  # poisoned: an unwritten slot fails
+    cuda_ok = exact_topk(logits, radix_topk_cuda(logits, lens, topk, out=out_c, row_batch=row_batch, list_cap=list_cap))
     row("radix_topk 2048 (CUDA)", f"B={batch} L=64K", ms_c, 4 * batch * seq_len + 4 * batch * topk,
         check="exact set" if cuda_ok else "WRONG", note=f"csrc/radix_topk.cu: one 1024-thread CTA per row, sampled threshold, "
-        f"one pass listing candidates, fitted 2048-bin rounds, row batch {row_batch}; Triton {ms_t*1e3:.1f} us in the same run")
+        f"one pass listing candidates, fitted 2048-bin rounds, row batch {row_batch}, lists of {list_cap}; Triton {ms_t*1e3:.1f} us in the same run")
+    # The mission's context: 1M logits a row (random).
+    long_logits = torch.randn(batch, 1 << 20, device="cuda", generator=gen)
+    long_lens = torch.full((batch,), 1 << 20, device="cuda", dtype=torch.int32)
+    long_ok = exact_topk(long_logits, radix_topk_cuda(long_logits, long_lens, topk, row_batch=row_batch,
+                                                      list_cap=list_cap))
+    ms_long, _ = best([(row_batch, list_cap), (4, 8192)], lambda c: (
+        lambda: radix_topk_cuda(long_logits, long_lens, topk, row_batch=c[0], list_cap=c[1])))
+    ms_long_torch = measure.graph_median_ms(lambda: torch.topk(long_logits, topk, dim=1))
+    row("radix_topk 2048 (CUDA)", f"B={batch} L=1M", ms_long, 4 * batch * (1 << 20) + 4 * batch * topk,
+        check="exact set" if long_ok else "WRONG", note=f"random logits; torch.topk {ms_long_torch*1e3:.1f} us")
+    del long_logits
     ms_torch = measure.graph_median_ms(lambda: torch.topk(logits, topk, dim=1))
     row("torch.topk 2048 (reference point)", f"B={batch} L=64K", ms_torch, 4 * batch * seq_len + 8 * batch * topk,
         check="", note="values + int64 ids, sorted")
     if cuda_ok:
-        select = lambda lg: radix_topk_cuda(lg, lens, topk, out=out_c, row_batch=row_batch)  # noqa: E731
+        select = lambda lg: radix_topk_cuda(lg, lens, topk, out=out_c, row_batch=row_batch, list_cap=list_cap)  # noqa: E731
     else:
         select = lambda lg: radix_topk(lg, lens, topk, cfg_t[1], cfg_t[2], chunk=cfg_t[0])  # noqa: E731
     ms_all = measure.graph_median_ms(lambda: select(indexer_logits(q, w, k, ks, table, lens, seq_len, cfg[0], cfg[1],

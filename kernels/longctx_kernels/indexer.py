@@ -323,11 +323,13 @@ def indexer_topk(q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len:
 
 
 def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: torch.Tensor | None = None,
-                    row_batch: int = 4) -> torch.Tensor:
+                    row_batch: int = 4, list_cap: int = 8192) -> torch.Tensor:
     """The hand-written CUDA version of :func:`radix_topk` (csrc/radix_topk.cu): one CTA per
     row; a pass over the row lists the ids above a threshold taken from a sample, then rounds of
     2048 bins fitted to the listed keys' range select among them. A thread loads `row_batch`
-    float4 chunks at a time (up to 6 fit in 64 registers without spills)."""
+    float4 chunks at a time (up to 6 fit in 64 registers without spills). The lists live in
+    shared memory, `list_cap` (key, id) entries each; a longer one is re-read from the row, so no
+    scratch memory grows with the row length. Logits must be finite or -inf."""
     from .cuda_module import load
 
     batch, max_len = logits.shape
@@ -335,10 +337,10 @@ def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: t
     logits = logits.contiguous()
     if out is None:
         out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
-    scratch = torch.empty(batch * 4 * max_len, dtype=torch.int32, device=logits.device)  # two (key, id) lists a row
-    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index, (("TOPK_ROW_BATCH", row_batch),))
+    defines = (("TOPK_ROW_BATCH", row_batch), ("TOPK_LIST_CAP", list_cap))
+    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index, defines)
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     kernel.launch((batch, 1, 1), 1024, [
-        (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (scratch.data_ptr(), ptr),
-        (max_len, i32), (k, i32)], torch.cuda.current_stream(logits.device).cuda_stream)
+        (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (max_len, i32), (k, i32)],
+        torch.cuda.current_stream(logits.device).cuda_stream)
     return out

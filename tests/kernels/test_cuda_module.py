@@ -39,9 +39,10 @@ def test_compile_errors_carry_the_nvrtc_log():
         compile_cubin('extern "C" __global__ void k() { undefined_symbol(); }', "sm_90")
 
 
-@pytest.mark.parametrize("row_batch", [2, 4])
-def test_radix_topk_cuda_kernel_compiles_for_h200_without_spills(row_batch):
-    usage = resource_usage(compile_cubin((CSRC / "radix_topk.cu").read_text(), "sm_90", (("TOPK_ROW_BATCH", row_batch),)))
+@pytest.mark.parametrize("row_batch,list_cap", [(2, 8192), (4, 8192), (4, 256)])
+def test_radix_topk_cuda_kernel_compiles_for_h200_without_spills(row_batch, list_cap):
+    defines = (("TOPK_ROW_BATCH", row_batch), ("TOPK_LIST_CAP", list_cap))
+    usage = resource_usage(compile_cubin((CSRC / "radix_topk.cu").read_text(), "sm_90", defines))
     # __launch_bounds__(1024, 1): 64 registers a thread at most.
     assert usage["REG"] <= 64
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0

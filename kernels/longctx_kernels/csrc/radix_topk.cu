@@ -6,16 +6,18 @@
 // by step 1, which compares floats.
 //
 // 1. A sample of 8192 logits (2048 float4 chunks spread over the row) gives a threshold key tau:
-//    about twice as many keys of the sample lie above it as the top k would hold. One pass over
-//    the row lists every id whose key is >= tau, typically 2-3x k of them. (If fewer than k are
-//    listed, the sample misled; the rounds below then start from the whole row.)
+//    about 1.5 times as many keys of the sample lie above it as the top k would hold. One pass
+//    over the row lists every id whose key is >= tau, typically 1.5-3x k of them, in shared
+//    memory (8192 entries; no global scratch, whatever the row length). If fewer than k are
+//    listed, the sample misled, and the rounds below start from the whole row.
 // 2. Rounds: bin each listed key by its distance below the list's largest key,
 //    (key_hi - key) >> shift, with shift chosen so that the list's range fills the 2048 bins. The
 //    binning is monotone, so the ids in bins above the one holding the k-th largest are selected,
 //    and that bin's ids form the next list. Each round narrows the range by 2^11; a list whose
 //    keys are all equal, or all needed, ends the select (ties: the first ones listed), and a list
 //    of at most 128 entries is finished by ranking each entry against the others. Usually one
-//    round runs.
+//    round runs. A list that would overflow shared memory (ties, or k near the capacity) is kept
+//    as what it is, the row's keys within a range, and its rounds re-read the row.
 // Fixed radix digits (the previous version's top 11 bits first) put all logits of one sign and
 // exponent into a few bins: hot shared-memory atomics and a first list of a quarter of the row.
 // Reading the row once instead of twice (histogram, then emit) halves the per-element work, and
@@ -40,6 +42,10 @@ constexpr int kBatch = TOPK_ROW_BATCH;     // row chunks (float4) a thread loads
 constexpr int kListBatch = 8;              // list entries a thread loads before using any
 constexpr int kSamplePerThread = 2;        // sampled chunks a thread
 constexpr int kRankSelectMax = 128;        // lists this short are finished by ranking
+#ifndef TOPK_LIST_CAP
+#define TOPK_LIST_CAP 8192
+#endif
+constexpr int kListCap = TOPK_LIST_CAP;    // entries a shared-memory list holds
 constexpr unsigned kFull = 0xffffffffu;
 constexpr unsigned kLowestFiniteKey = 0x00800000u;  // ordered_key(-FLT_MAX)
 
@@ -47,14 +53,14 @@ static_assert(kWarps == 32, "find_threshold_bin scans the warps' sums in one war
 
 struct Shared {
   int hist[kCopies][kBins];
+  uint2 list[2][kListCap];  // (key, id) entries
   int warp_sums[kWarps];
   int threshold_bin;
   int num_greater;          // ids already emitted
-  int list_size[2];         // entries in each scratch list
+  int list_size[2];         // entries meant for each list (more than kListCap: it overflowed)
   int sampled;              // keys in the sample
   unsigned key_lo, key_hi;  // the next round's key range
 };
-static_assert(sizeof(Shared::hist) >= kRankSelectMax * sizeof(uint2), "the ranked list is staged in the histograms");
 
 // fp32 -> uint32 with the same order (negatives flipped, positives above them).
 __device__ __forceinline__ unsigned ordered_key(float x) {
@@ -85,7 +91,7 @@ struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf
   __device__ __forceinline__ unsigned key(int i) const { return ordered_key(x[i]); }
   __device__ __forceinline__ uint2 entry(int i) const { return make_uint2(ordered_key(row[pos(i)]), pos(i)); }
 };
-struct ListBatch {  // kListBatch entries (key, id) of a scratch list, base + u * kThreads
+struct ListBatch {  // kListBatch entries (key, id) of a shared-memory list, base + u * kThreads
   static constexpr int kSize = kListBatch;
   const uint2* list;
   unsigned keys[kSize];
@@ -95,13 +101,15 @@ struct ListBatch {  // kListBatch entries (key, id) of a scratch list, base + u 
   __device__ __forceinline__ uint2 entry(int i) const { return list[base + i * kThreads]; }
 };
 
-// Logits 4c .. 4c+3 of the row (-inf past n): one 16-B load when the row allows it.
+// Logits 4c .. 4c+3 of the row: one 16-B load when the row allows it (the last chunk may then
+// hold logits past n: `valid` masks them); -inf for chunks past n. No test on the loaded values
+// here, so that a thread's loads all issue before the first returns.
 __device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int c, int n, bool vec4) {
   const float pad = -__int_as_float(0x7f800000);
   float4 v = make_float4(pad, pad, pad, pad);
-  if (4 * c >= n) return v;
-  if (vec4) return reinterpret_cast<const float4*>(row)[c];
   const int p = 4 * c;
+  if (p >= n) return v;
+  if (vec4) return reinterpret_cast<const float4*>(row)[c];
   v.x = row[p];
   if (p + 1 < n) v.y = row[p + 1];
   if (p + 2 < n) v.z = row[p + 2];
@@ -109,9 +117,11 @@ __device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int 
   return v;
 }
 
-// Calls f(batch) for each RowBatch of the row; all threads make the same number of calls.
+// Calls f(batch) for each RowBatch of the row, valid marking the keys in [lo, hi]; all threads
+// make the same number of calls.
 template <class F>
-__device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bool vec4, F f) {
+__device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bool vec4, unsigned lo, unsigned hi,
+                                        F f) {
   const int chunks = (n + 3) >> 2;
   for (int base = threadIdx.x; base < chunks + (int)threadIdx.x; base += kThreads * kBatch) {
     float4 v[kBatch];
@@ -127,18 +137,18 @@ __device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bo
       batch.x[4 * u + 2] = v[u].z;
       batch.x[4 * u + 3] = v[u].w;
     }
-    if (batch.pos(RowBatch::kSize - 1) < n) {
-      batch.valid = (1u << RowBatch::kSize) - 1;
-    } else {
-      batch.valid = 0;
-      #pragma unroll
-      for (int i = 0; i < RowBatch::kSize; ++i) batch.valid |= (unsigned)(batch.pos(i) < n) << i;
+    batch.valid = 0;
+    const bool whole = batch.pos(RowBatch::kSize - 1) < n;  // the usual case: no id past n
+    #pragma unroll
+    for (int i = 0; i < RowBatch::kSize; ++i) {
+      const unsigned key = batch.key(i);
+      batch.valid |= (unsigned)((whole || batch.pos(i) < n) && key >= lo && key <= hi) << i;
     }
     f(batch);
   }
 }
 
-// Same for the ListBatches of a scratch list.
+// Same for the ListBatches of a shared-memory list.
 template <class F>
 __device__ __forceinline__ void for_list(const uint2* list, int count, F f) {
   for (int base = threadIdx.x; base < count + (int)threadIdx.x; base += kThreads * kListBatch) {
@@ -230,7 +240,7 @@ __device__ __forceinline__ void find_threshold_bin(Shared& sh, int target) {
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_lens, int* __restrict__ out,
-                int* __restrict__ scratch, int max_len, int K) {
+                int max_len, int K) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -239,8 +249,6 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   const int k_eff = min(n, K);
   const float* row = logits + (long long)b * max_len;
   int* row_out = out + (long long)b * K;
-  // Two lists of up to max_len (key, id) entries: list j at lists + j * max_len.
-  uint2* lists = reinterpret_cast<uint2*>(scratch) + (long long)b * 2 * max_len;
   // 16-B loads need 16-B aligned rows; the last chunk then ends within max_len.
   const bool vec4 = (max_len & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15) == 0;
   int* hist = sh.hist[warp % kCopies];
@@ -292,8 +300,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   const unsigned sample_lo = sh.key_lo, sample_hi = sh.key_hi;
   const int sample_shift = max(0, 32 - __clz(sample_hi - sample_lo) - kBinBits);
 
-  // Candidates: every key at or above the sample's r-th largest, r about twice the sample's
-  // expected share of the top k; usually 2-3x k ids, in one pass over the row.
+  // Candidates: every key at or above the sample's r-th largest, r about 1.5 times the sample's
+  // expected share of the top k (plus 16); usually 1.5-3x k ids, in one pass over the row.
   #pragma unroll
   for (int j = 0; j < kSamplePerThread; ++j) {
     #pragma unroll
@@ -303,65 +311,67 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   }
   __syncthreads();
   const int sampled = sh.sampled;
-  find_threshold_bin(sh, min(sampled, 2 * (int)(((long long)k_eff * sampled + n - 1) / n) + 64));
-  if (tid == 0) {
-    sh.key_lo = kFull;
-    sh.key_hi = 0;
-  }
+  find_threshold_bin(sh, min(sampled, (int)((3LL * k_eff * sampled + 2LL * n - 1) / (2LL * n)) + 16));
   __syncthreads();
+  // tau: the smallest key whose bin is at or above the threshold bin; at least -FLT_MAX, so that
+  // -inf (the padding) is never listed and the test is a float compare, one instruction a logit.
+  const int sample_bin = sh.threshold_bin;
+  const long long lowest = (long long)sample_hi - (((long long)sample_bin + 1) << sample_shift) + 1;
+  const unsigned tau = sample_bin == kBins - 1 || lowest < kLowestFiniteKey ? kLowestFiniteKey : (unsigned)lowest;
   {
-    // tau: the smallest key whose bin is at or above the threshold bin.
-    const int sample_bin = sh.threshold_bin;
-    const long long lowest = (long long)sample_hi - (((long long)sample_bin + 1) << sample_shift) + 1;
-    // At least -FLT_MAX, so -inf (the padding) is never listed: compared as floats, one
-    // instruction a logit. The listed keys then lie in [tau, the row's largest key].
-    const unsigned tau = sample_bin == kBins - 1 || lowest < kLowestFiniteKey ? kLowestFiniteKey : (unsigned)lowest;
     const float tau_float = key_float(tau);
-    unsigned hi = 0;
-    for_row(row, n, vec4, [&](const RowBatch& batch) {
+    unsigned hi = tau;  // the listed keys' largest; all keys (kFull) if the list overflows
+    for_row(row, n, vec4, 0u, kFull, [&](const RowBatch& batch) {
       unsigned picked = 0;
       #pragma unroll
       for (int i = 0; i < RowBatch::kSize; ++i) picked |= (unsigned)(batch.x[i] >= tau_float) << i;
-      append_picked(picked & batch.valid, batch, &sh.list_size[0], max_len, [&](int slot, uint2 entry) {
-        lists[slot] = entry;
+      append_picked(picked & batch.valid, batch, &sh.list_size[0], kListCap, [&](int slot, uint2 entry) {
+        sh.list[0][slot] = entry;
         hi = max(hi, entry.x);
       });
     });
     fold_key_range(tau, hi, sh);
   }
   __syncthreads();
-  int src = 0;  // 0/1: a scratch list; -1: the whole row
-  if (sh.list_size[0] < k_eff) {
-    // The sample overestimated the k-th key: select from the whole row, in the sample's bins.
-    src = -1;
-    if (tid == 0) {
-      sh.key_lo = sample_lo;
-      sh.key_hi = sample_hi;
-    }
-  }
 
-  int remaining = k_eff;  // ids still to find among those in the listed bin
+  // The source of each round: list 0 or 1, or (src = -1) the row's keys within [filter_lo,
+  // filter_hi] when a list overflowed kListCap; its keys' range [key_lo, key_hi] fits the bins.
+  int src = 0, count = sh.list_size[0];
+  unsigned key_lo = sh.key_lo, key_hi = sh.key_hi, filter_lo = tau, filter_hi = kFull;
+  if (count < k_eff) {
+    // The sample overestimated the k-th key: select from the whole row, bins over all keys up
+    // to the row's largest. key_lo = 0: the range is not exact, so the ties test must not fire.
+    src = -1;
+    count = n;
+    key_lo = 0;
+    filter_lo = 0;
+  } else if (count > kListCap) {
+    src = -1;
+    key_hi = kFull;  // the stored entries' largest is not the list's
+  }
+  int remaining = k_eff;  // ids still to find in the source
   while (true) {
-    __syncthreads();
-    const unsigned key_lo = sh.key_lo, key_hi = sh.key_hi;
-    const int count = src < 0 ? n : sh.list_size[src];
-    const uint2* list = lists + (src < 0 ? 0 : src) * max_len;
-    if (src >= 0 && (count == remaining || key_lo == key_hi)) {
-      // Every listed id is needed, or they all share the k-th key (ties): take the first `remaining`.
-      for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)list[i].y;
+    if (count == remaining || key_lo == key_hi) {
+      // Every id of the source is needed, or they all share the k-th key (ties): take the first
+      // `remaining` of them.
+      if (src >= 0) {
+        for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)sh.list[src][i].y;
+      } else {
+        for_row(row, n, vec4, filter_lo, filter_hi, [&](const RowBatch& batch) {
+          append_picked(batch.valid, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
+        });
+      }
       return;
     }
     if (src >= 0 && count <= kRankSelectMax) {
-      // A short list: rank each entry against all others (ties by list order) and keep the
-      // `remaining` best, cheaper than another round. The entries go where the histograms were.
-      uint2* staged = reinterpret_cast<uint2*>(&sh.hist[0][0]);
-      if (tid < count) staged[tid] = list[tid];
-      __syncthreads();
+      // A short list: rank each entry against the others (ties by list order) and keep the
+      // `remaining` best, cheaper than another round.
+      const uint2* list = sh.list[src];
       if (tid < count) {
-        const unsigned key = staged[tid].x;
+        const unsigned key = list[tid].x;
         int rank = 0;
-        for (int j = 0; j < count; ++j) rank += staged[j].x > key || (staged[j].x == key && j < tid);
-        if (rank < remaining) row_out[sh.num_greater + rank] = (int)staged[tid].y;
+        for (int j = 0; j < count; ++j) rank += list[j].x > key || (list[j].x == key && j < tid);
+        if (rank < remaining) row_out[sh.num_greater + rank] = (int)list[tid].y;
       }
       return;
     }
@@ -375,8 +385,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         if ((batch.valid >> i) & 1) atomicAdd(&hist[bin_of(batch.key(i), key_hi, shift)], 1);
       }
     };
-    if (src < 0) for_row(row, n, vec4, count_keys);
-    else for_list(list, count, count_keys);
+    if (src < 0) for_row(row, n, vec4, filter_lo, filter_hi, count_keys);
+    else for_list(sh.list[src], count, count_keys);
     __syncthreads();
     find_threshold_bin(sh, remaining);
     const int dst = src == 0 ? 1 : 0;
@@ -387,9 +397,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
     }
     __syncthreads();
 
-    // Emit the ids above the threshold bin; list the ones in it, with their key range.
+    // Emit the ids above the threshold bin; list the ones in it, with their keys' exact range.
     const int tbin = sh.threshold_bin;
-    uint2* next = lists + dst * max_len;
     unsigned lo = kFull, hi = 0;
     auto emit_or_list = [&](const auto& batch) {
       unsigned greater = 0, listed = 0;
@@ -398,20 +407,27 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         const int bin = (batch.valid >> i) & 1 ? bin_of(batch.key(i), key_hi, shift) : kBins;
         greater |= (unsigned)(bin < tbin) << i;
         listed |= (unsigned)(bin == tbin) << i;
+        if (bin == tbin) {
+          lo = min(lo, batch.key(i));
+          hi = max(hi, batch.key(i));
+        }
       }
       append_picked(greater, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
-      append_picked(listed, batch, &sh.list_size[dst], max_len, [&](int slot, uint2 entry) {
-        next[slot] = entry;
-        lo = min(lo, entry.x);
-        hi = max(hi, entry.x);
-      });
+      append_picked(listed, batch, &sh.list_size[dst], kListCap, [&](int slot, uint2 entry) { sh.list[dst][slot] = entry; });
     };
-    if (src < 0) for_row(row, n, vec4, emit_or_list);
-    else for_list(list, count, emit_or_list);
+    if (src < 0) for_row(row, n, vec4, filter_lo, filter_hi, emit_or_list);
+    else for_list(sh.list[src], count, emit_or_list);
     fold_key_range(lo, hi, sh);
     __syncthreads();
     remaining = k_eff - sh.num_greater;
-    src = dst;
+    count = sh.list_size[dst];
+    key_lo = sh.key_lo;
+    key_hi = sh.key_hi;
+    // A list that overflowed stays in the row: its keys are exactly those in [key_lo, key_hi].
+    src = count <= kListCap ? dst : -1;
+    filter_lo = key_lo;
+    filter_hi = key_hi;
+    __syncthreads();  // everyone has read the shared state before the next round resets it
   }
 }
 
