@@ -8,7 +8,7 @@
 // 1. A sample of 8192 logits (2048 float4 chunks spread over the row) gives a threshold key tau:
 //    about 1.5 times as many keys of the sample lie above it as the top k would hold. One pass
 //    over the row lists every id whose key is >= tau, typically 1.5-3x k of them, in shared
-//    memory (8192 entries; no global scratch, whatever the row length). If fewer than k are
+//    memory (TOPK_LIST_CAP entries; no global scratch, whatever the row length). If fewer than k are
 //    listed, the sample misled, and the rounds below start from the whole row.
 // 2. Rounds: bin each listed key by its distance below the list's largest key,
 //    (key_hi - key) >> shift, with shift chosen so that the list's range fills the 2048 bins. The
@@ -30,6 +30,9 @@
 #ifndef TOPK_ROW_BATCH
 #define TOPK_ROW_BATCH 4
 #endif
+#ifndef TOPK_LIST_CAP
+#define TOPK_LIST_CAP 8192
+#endif
 
 namespace {
 
@@ -42,9 +45,6 @@ constexpr int kBatch = TOPK_ROW_BATCH;     // row chunks (float4) a thread loads
 constexpr int kListBatch = 8;              // list entries a thread loads before using any
 constexpr int kSamplePerThread = 2;        // sampled chunks a thread
 constexpr int kRankSelectMax = 128;        // lists this short are finished by ranking
-#ifndef TOPK_LIST_CAP
-#define TOPK_LIST_CAP 8192
-#endif
 constexpr int kListCap = TOPK_LIST_CAP;    // entries a shared-memory list holds
 constexpr unsigned kFull = 0xffffffffu;
 constexpr unsigned kLowestFiniteKey = 0x00800000u;  // ordered_key(-FLT_MAX)
@@ -358,7 +358,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)sh.list[src][i].y;
       } else {
         for_row(row, n, vec4, filter_lo, filter_hi, [&](const RowBatch& batch) {
-          append_picked(batch.valid, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
+          append_picked(batch.valid, batch, &sh.num_greater, k_eff,
+                        [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
         });
       }
       return;
@@ -413,7 +414,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         }
       }
       append_picked(greater, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
-      append_picked(listed, batch, &sh.list_size[dst], kListCap, [&](int slot, uint2 entry) { sh.list[dst][slot] = entry; });
+      append_picked(listed, batch, &sh.list_size[dst], kListCap,
+                    [&](int slot, uint2 entry) { sh.list[dst][slot] = entry; });
     };
     if (src < 0) for_row(row, n, vec4, filter_lo, filter_hi, emit_or_list);
     else for_list(sh.list[src], count, emit_or_list);
