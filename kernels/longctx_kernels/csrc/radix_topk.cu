@@ -312,6 +312,10 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   __syncthreads();
   const int sampled = sh.sampled;
   find_threshold_bin(sh, min(sampled, (int)((3LL * k_eff * sampled + 2LL * n - 1) / (2LL * n)) + 16));
+  if (tid == 0) {  // the candidates' range replaces the sample's
+    sh.key_lo = kFull;
+    sh.key_hi = 0;
+  }
   __syncthreads();
   // tau: the smallest key whose bin is at or above the threshold bin; at least -FLT_MAX, so that
   // -inf (the padding) is never listed and the test is a float compare, one instruction a logit.
