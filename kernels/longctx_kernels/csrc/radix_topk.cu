@@ -81,7 +81,7 @@ __device__ __forceinline__ float key_float(unsigned key) {
 // A thread's batch: key(i) for the unrolled loops, bit i of `valid` says whether it is one, and
 // entry(i) re-reads (key, id) for a runtime i (through L1; indexing the registers at run time would
 // put them in local memory).
-struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf past n
+struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf in chunks past n
   static constexpr int kSize = 4 * kBatch;
   const float* row;
   float x[kSize];
