@@ -353,6 +353,7 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
     src = -1;
     key_hi = kFull;  // the stored entries' largest is not the list's
   }
+  auto emit = [&](int slot, uint2 entry) { row_out[slot] = entry.y; };
   int remaining = k_eff;  // ids still to find in the source
   while (true) {
     if (count == remaining || key_lo == key_hi) {
@@ -362,8 +363,7 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)sh.list[src][i].y;
       } else {
         for_row(row, n, vec4, filter_lo, filter_hi, [&](const RowBatch& batch) {
-          append_picked(batch.valid, batch, &sh.num_greater, k_eff,
-                        [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
+          append_picked(batch.valid, batch, &sh.num_greater, k_eff, emit);
         });
       }
       return;
@@ -417,7 +417,7 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
           hi = max(hi, batch.key(i));
         }
       }
-      append_picked(greater, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
+      append_picked(greater, batch, &sh.num_greater, k_eff, emit);
       append_picked(listed, batch, &sh.list_size[dst], kListCap,
                     [&](int slot, uint2 entry) { sh.list[dst][slot] = entry; });
     };
