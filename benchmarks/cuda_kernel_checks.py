@@ -82,12 +82,13 @@ def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
                                           torch.tensor([length + 1, 50001, 2049, 101, 65537, 4099], device="cuda",
                                                        dtype=torch.int32)),
     }
-    # A list capacity of 256 sends most rounds to the row-scan path (lists that overflow).
+    # A list capacity of 256 sends most rounds to the row-scan path (lists that overflow); 4 CTAs a
+    # row list the candidates in a first kernel (with 256, they overflow its global list too).
     results = []
-    for k, list_cap in ((2048, 8192), (100, 8192), (2048, 256)):
+    for k, list_cap, ctas in ((2048, 8192, 1), (100, 8192, 1), (2048, 256, 1), (2048, 8192, 4), (2048, 256, 4)):
         for name, (logits, row_lens) in cases.items():
             out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")  # an unwritten slot fails
-            radix_topk_cuda(logits, row_lens, k, out=out, list_cap=list_cap)
+            radix_topk_cuda(logits, row_lens, k, out=out, list_cap=list_cap, ctas_per_row=ctas)
             ref = topk_reference(logits, row_lens, k)
             ok = True
             for b in range(rows):
@@ -97,16 +98,17 @@ def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
                 ok &= bool((out[b, kk:] == -1).all() and (ids >= 0).all() and (ids < n).all())
                 ok &= ids.unique().numel() == kk
                 ok &= torch.equal(logits[b, ids.long()].sort().values, logits[b, ref[b, :kk].long()].sort().values)
-            results.append((f"top-k k={k} list_cap={list_cap}: {name}", ok))
-    # Rows of a 1M-token context: the candidate list still fits in shared memory.
+            results.append((f"top-k k={k} list_cap={list_cap} ctas/row={ctas}: {name}", ok))
+    # Rows of a 1M-token context, with one CTA a row and with the default (16 listing CTAs a row).
     long_lens = torch.tensor([1 << 20, 700001], device="cuda", dtype=torch.int32)
     long_logits = torch.randn(2, 1 << 20, device="cuda", generator=gen)
-    out = torch.full((2, 2048), -7, dtype=torch.int32, device="cuda")
-    radix_topk_cuda(long_logits, long_lens, 2048, out=out)
     ref = topk_reference(long_logits, long_lens, 2048)
-    ok = all(torch.equal(long_logits[b, out[b].long()].sort().values, long_logits[b, ref[b].long()].sort().values)
-             and out[b].unique().numel() == 2048 for b in range(2))
-    results.append(("top-k k=2048: rows of 1M and 700,001 logits", ok))
+    for ctas in (1, None):
+        out = torch.full((2, 2048), -7, dtype=torch.int32, device="cuda")
+        radix_topk_cuda(long_logits, long_lens, 2048, out=out, ctas_per_row=ctas)
+        ok = all(torch.equal(long_logits[b, out[b].long()].sort().values, long_logits[b, ref[b].long()].sort().values)
+                 and out[b].unique().numel() == 2048 for b in range(2))
+        results.append((f"top-k k=2048 ctas/row={ctas or 'default'}: rows of 1M and 700,001 logits", ok))
     return results
 
 

@@ -165,6 +165,15 @@ def bench_indexer(gen):
     ms_long_torch = measure.graph_median_ms(lambda: torch.topk(long_logits, topk, dim=1))
     row("radix_topk 2048 (CUDA)", f"B={batch} L=1M", ms_long, 4 * batch * (1 << 20) + 4 * batch * topk,
         check="exact set" if long_ok else "WRONG", note=f"random logits; torch.topk {ms_long_torch*1e3:.1f} us")
+    # A small batch at 1M tokens: one CTA a row, against the default (CTAs a row listing candidates).
+    for b_small in (1, 4):
+        lg, ln = long_logits[:b_small], long_lens[:b_small]
+        ok_small = exact_topk(lg, radix_topk_cuda(lg, ln, topk))
+        ms_one = measure.graph_median_ms(lambda: radix_topk_cuda(lg, ln, topk, ctas_per_row=1))
+        ms_small = measure.graph_median_ms(lambda: radix_topk_cuda(lg, ln, topk))
+        row("radix_topk 2048 (CUDA)", f"B={b_small} L=1M", ms_small, 4 * b_small * (1 << 20) + 4 * b_small * topk,
+            check="exact set" if ok_small else "WRONG",
+            note=f"default CTAs a row listing candidates; one CTA a row {ms_one*1e3:.1f} us")
     del long_logits
     ms_torch = measure.graph_median_ms(lambda: torch.topk(logits, topk, dim=1))
     row("torch.topk 2048 (reference point)", f"B={batch} L=64K", ms_torch, 4 * batch * seq_len + 8 * batch * topk,

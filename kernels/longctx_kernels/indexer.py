@@ -323,13 +323,15 @@ def indexer_topk(q_fp8, weights, k_fp8, k_scale, block_table, seq_lens, max_len:
 
 
 def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: torch.Tensor | None = None,
-                    row_batch: int = 4, list_cap: int = 8192) -> torch.Tensor:
-    """The hand-written CUDA version of :func:`radix_topk` (csrc/radix_topk.cu): one CTA per
-    row; a pass over the row lists the ids above a threshold taken from a sample, then rounds of
-    2048 bins fitted to the listed keys' range select among them. A thread loads `row_batch`
-    float4 chunks at a time (up to 6 fit in 64 registers without spills). The lists live in
-    shared memory, `list_cap` (key, id) entries each; a longer one is re-read from the row, so no
-    scratch memory grows with the row length. Logits must be finite or -inf."""
+                    row_batch: int = 4, list_cap: int = 8192, ctas_per_row: int | None = None) -> torch.Tensor:
+    """The hand-written CUDA version of :func:`radix_topk` (csrc/radix_topk.cu): a pass over the
+    row lists the ids above a threshold taken from a sample, then rounds of 2048 bins fitted to the
+    listed keys' range select among them, in one CTA a row. A thread loads `row_batch` float4
+    chunks at a time (up to 6 fit in 64 registers without spills). The lists live in shared
+    memory, `list_cap` (key, id) entries each; a longer one is re-read from the row, so no scratch
+    memory grows with the row length. With `ctas_per_row` > 1 (by default when the batch leaves SMs
+    idle and rows are longer than 64K), that many CTAs a row list the candidates first, into
+    `list_cap` global entries a row. Logits must be finite or -inf."""
     from .cuda_module import load
 
     batch, max_len = logits.shape
@@ -337,10 +339,23 @@ def radix_topk_cuda(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, out: t
     logits = logits.contiguous()
     if out is None:
         out = torch.empty((batch, k), dtype=torch.int32, device=logits.device)
+    if ctas_per_row is None:
+        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
+        ctas_per_row = max(1, min(sms // batch, triton.cdiv(max_len, 65536)))
     defines = (("TOPK_ROW_BATCH", row_batch), ("TOPK_LIST_CAP", list_cap))
-    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index, defines)
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    stream = torch.cuda.current_stream(logits.device).cuda_stream
+    candidates, meta = None, None
+    if ctas_per_row > 1:
+        candidates = torch.empty((batch, list_cap, 2), dtype=torch.int32, device=logits.device)
+        meta = torch.zeros((batch, 3), dtype=torch.int32, device=logits.device)  # count, tau, largest key
+        lister = load("radix_topk.cu", "radix_topk_candidates", logits.device.index, defines)
+        lister.launch((ctas_per_row, batch, 1), 1024, [
+            (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (max_len, i32), (k, i32),
+            (candidates.data_ptr(), ptr), (meta.data_ptr(), ptr), (list_cap, i32)], stream)
+    kernel = load("radix_topk.cu", "radix_topk_rows", logits.device.index, defines)
     kernel.launch((batch, 1, 1), 1024, [
-        (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (max_len, i32), (k, i32)],
-        torch.cuda.current_stream(logits.device).cuda_stream)
+        (logits.data_ptr(), ptr), (seq_lens.data_ptr(), ptr), (out.data_ptr(), ptr), (max_len, i32), (k, i32),
+        (candidates.data_ptr() if candidates is not None else 0, ptr), (meta.data_ptr() if meta is not None else 0, ptr),
+        (list_cap, i32)], stream)
     return out

@@ -16,12 +16,16 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 
 
 def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers, stack and local memory of the cubin's kernels (the largest, when it has several)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
-    return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
+    usage: dict[str, int] = {}
+    for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", out):
+        usage[key] = max(usage.get(key, 0), int(value))
+    return usage
 
 
 @pytest.mark.parametrize("warps,tile,ctas", [(4, 64, 2), (8, 64, 2), (4, 32, 3)])

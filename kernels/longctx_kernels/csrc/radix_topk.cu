@@ -1,15 +1,17 @@
-// Top-k ids of each row of fp32 logits: one CTA of 1024 threads per row, a radix-style select
-// whose 2048 bins are fitted to the keys' range in each round.
+// Top-k ids of each row of fp32 logits: one CTA of 1024 threads per row selects, radix-style,
+// with 2048 bins fitted to the keys' range in each round.
 //
 // Same contract as indexer.topk_reference: ids of the k largest logits within seq_len, unordered,
 // -1 past min(k, seq_len). Logits are finite or -inf (the indexer's are); a NaN is never listed
 // by step 1, which compares floats.
 //
-// 1. A sample of 8192 logits (2048 float4 chunks spread over the row) gives a threshold key tau:
-//    about 1.5 times as many keys of the sample lie above it as the top k would hold. One pass
-//    over the row lists every id whose key is >= tau, typically 1.5-3x k of them, in shared
-//    memory (TOPK_LIST_CAP entries; no global scratch, whatever the row length). If fewer than k are
-//    listed, the sample misled, and the rounds below start from the whole row.
+// 1. A sample of 8192 logits (2048 float4 chunks spread over the row) gives a threshold key tau
+//    (two levels of bins over the sample's keys): about 1.5 times as many keys of the sample lie
+//    above it as the top k would hold. One pass over the row lists every id whose key is >= tau,
+//    typically 1.5-3x k of them, in shared memory (TOPK_LIST_CAP entries; no global scratch,
+//    whatever the row length). If fewer than k are listed, the sample misled, and the rounds
+//    below start from the whole row. For long rows at a small batch, radix_topk_candidates does
+//    this pass with several CTAs a row (same sample, same tau) into a global list of that size.
 // 2. Rounds: bin each listed key by its distance below the list's largest key,
 //    (key_hi - key) >> shift, with shift chosen so that the list's range fills the 2048 bins. The
 //    binning is monotone, so the ids in bins above the one holding the k-th largest are selected,
@@ -56,6 +58,7 @@ struct Shared {
   uint2 list[2][kListCap];  // (key, id) entries
   int warp_sums[kWarps];
   int threshold_bin;
+  int above_threshold;      // ids in the bins above it
   int num_greater;          // ids already emitted
   int list_size[2];         // entries meant for each list (more than kListCap: it overflowed)
   int sampled;              // keys in the sample
@@ -81,7 +84,7 @@ __device__ __forceinline__ float key_float(unsigned key) {
 // A thread's batch: key(i) for the unrolled loops, bit i of `valid` says whether it is one, and
 // entry(i) re-reads (key, id) for a runtime i (through L1; indexing the registers at run time would
 // put them in local memory).
-struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf in chunks past n
+struct RowBatch {  // kBatch float4 chunks of the row, base + u * kThreads; -inf past n
   static constexpr int kSize = 4 * kBatch;
   const float* row;
   float x[kSize];
@@ -117,13 +120,12 @@ __device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int 
   return v;
 }
 
-// Calls f(batch) for each RowBatch of the row, valid marking the keys in [lo, hi]; all threads
-// make the same number of calls.
+// Calls f(batch) for each RowBatch of chunks [first, last) of the row, valid marking the keys
+// in [lo, hi] below n; all threads make the same number of calls.
 template <class F>
-__device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bool vec4, unsigned lo, unsigned hi,
-                                        F f) {
-  const int chunks = (n + 3) >> 2;
-  for (int base = threadIdx.x; base < chunks + (int)threadIdx.x; base += kThreads * kBatch) {
+__device__ __forceinline__ void for_chunks(const float* __restrict__ row, int first, int last, int n, bool vec4,
+                                           unsigned lo, unsigned hi, F f) {
+  for (int base = first + threadIdx.x; base - (int)threadIdx.x < last; base += kThreads * kBatch) {
     float4 v[kBatch];
     #pragma unroll
     for (int u = 0; u < kBatch; ++u) v[u] = load_chunk(row, base + u * kThreads, n, vec4);
@@ -138,14 +140,22 @@ __device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bo
       batch.x[4 * u + 3] = v[u].w;
     }
     batch.valid = 0;
-    const bool whole = batch.pos(RowBatch::kSize - 1) < n;  // the usual case: no id past n
+    const int end = min(n, 4 * last);
+    const bool whole = batch.pos(RowBatch::kSize - 1) < end;  // the usual case: no id past the end
     #pragma unroll
     for (int i = 0; i < RowBatch::kSize; ++i) {
       const unsigned key = batch.key(i);
-      batch.valid |= (unsigned)((whole || batch.pos(i) < n) && key >= lo && key <= hi) << i;
+      batch.valid |= (unsigned)((whole || batch.pos(i) < end) && key >= lo && key <= hi) << i;
     }
     f(batch);
   }
+}
+
+// The whole row.
+template <class F>
+__device__ __forceinline__ void for_row(const float* __restrict__ row, int n, bool vec4, unsigned lo, unsigned hi,
+                                        F f) {
+  for_chunks(row, 0, (n + 3) >> 2, n, vec4, lo, hi, f);
 }
 
 // Same for the ListBatches of a shared-memory list.
@@ -232,35 +242,22 @@ __device__ __forceinline__ void find_threshold_bin(Shared& sh, int target) {
   }
   const int warp_base = __shfl_sync(kFull, warps_incl, (warp + 31) & 31) * (warp > 0);
   const int before = warp_base + incl - c[0] - c[1];  // ids in bins above mine
-  if (before < target && before + c[0] >= target) sh.threshold_bin = 2 * tid;
-  else if (before + c[0] < target && before + c[0] + c[1] >= target) sh.threshold_bin = 2 * tid + 1;
+  if (before < target && before + c[0] >= target) {
+    sh.threshold_bin = 2 * tid;
+    sh.above_threshold = before;
+  } else if (before + c[0] < target && before + c[0] + c[1] >= target) {
+    sh.threshold_bin = 2 * tid + 1;
+    sh.above_threshold = before + c[0];
+  }
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
-radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_lens, int* __restrict__ out,
-                int max_len, int K) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const int b = blockIdx.x;
-  const int n = min(seq_lens[b], max_len);
-  const int k_eff = min(n, K);
-  const float* row = logits + (long long)b * max_len;
-  int* row_out = out + (long long)b * K;
-  // 16-B loads need 16-B aligned rows; the last chunk then ends within max_len.
-  const bool vec4 = (max_len & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15) == 0;
-  int* hist = sh.hist[warp % kCopies];
-
-  for (int i = k_eff + tid; i < K; i += kThreads) row_out[i] = -1;
-  if (n <= K) {  // everything is selected
-    for (int i = tid; i < n; i += kThreads) row_out[i] = i;
-    return;
-  }
+// The candidates' threshold key for a row (step 1): the same in every CTA that reads the row.
+// Uses the histograms and sh.sampled; leaves sh.key_lo = kFull, sh.key_hi = 0 for the
+// candidates' range. All threads call it.
+__device__ unsigned sample_threshold(Shared& sh, const float* __restrict__ row, int n, int k_eff, bool vec4) {
+  const int tid = threadIdx.x;
+  int* hist = sh.hist[(tid >> 5) % kCopies];
   if (tid == 0) {
-    sh.num_greater = 0;
-    sh.list_size[0] = 0;
     sh.sampled = 0;
     sh.key_lo = kFull;
     sh.key_hi = 0;
@@ -298,62 +295,79 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   }
   __syncthreads();
   const unsigned sample_lo = sh.key_lo, sample_hi = sh.key_hi;
-  const int sample_shift = max(0, 32 - __clz(sample_hi - sample_lo) - kBinBits);
 
-  // Candidates: every key at or above the sample's r-th largest, r about 1.5 times the sample's
-  // expected share of the top k (plus 16); usually 1.5-3x k ids, in one pass over the row.
-  #pragma unroll
-  for (int j = 0; j < kSamplePerThread; ++j) {
-    #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (4 * sample_chunk[j] + e < n) atomicAdd(&hist[bin_of(sample[j][e], sample_hi, sample_shift)], 1);
+  // The threshold: the sample's r-th largest key, r about 1.5 times the sample's expected share
+  // of the top k (plus 16), so that usually 1.5-3x k ids of the row lie at or above it. Two
+  // levels: bins over the sample's range, then over the bin holding the r-th key. Keys are
+  // log-like, so one level's bins are an eighth of an octave wide for logits around 0: that
+  // alone listed 12K candidates of a 1M-token row instead of 5K.
+  const int target = min(sh.sampled, (int)((3LL * k_eff * sh.sampled + 2LL * n - 1) / (2LL * n)) + 16);
+  unsigned lo = sample_lo, hi = sample_hi;
+  int above = 0;
+  #pragma unroll 1
+  for (int level = 0; level < 2; ++level) {
+    const int shift = max(0, 32 - __clz(hi - lo) - kBinBits);
+    if (level > 0) {
+      clear_histograms(sh);
+      __syncthreads();
     }
+    #pragma unroll
+    for (int j = 0; j < kSamplePerThread; ++j) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const unsigned key = sample[j][e];
+        if (4 * sample_chunk[j] + e < n && key >= lo && key <= hi) atomicAdd(&hist[bin_of(key, hi, shift)], 1);
+      }
+    }
+    __syncthreads();
+    find_threshold_bin(sh, target - above);
+    __syncthreads();
+    // The threshold bin's keys: [hi - ((t + 1) << shift) + 1, hi - (t << shift)], within [lo, hi].
+    const int t = sh.threshold_bin;
+    above += sh.above_threshold;
+    const long long bin_lo = (long long)hi - (((long long)t + 1) << shift) + 1;
+    hi = hi - ((unsigned)t << shift);
+    lo = t == kBins - 1 || bin_lo < (long long)lo ? lo : (unsigned)bin_lo;
+    __syncthreads();  // everyone has read the threshold before the next level finds another
   }
-  __syncthreads();
-  const int sampled = sh.sampled;
-  find_threshold_bin(sh, min(sampled, (int)((3LL * k_eff * sampled + 2LL * n - 1) / (2LL * n)) + 16));
   if (tid == 0) {  // the candidates' range replaces the sample's
     sh.key_lo = kFull;
     sh.key_hi = 0;
   }
   __syncthreads();
-  // tau: the smallest key whose bin is at or above the threshold bin; at least -FLT_MAX, so that
-  // -inf (the padding) is never listed and the test is a float compare, one instruction a logit.
-  const int sample_bin = sh.threshold_bin;
-  const long long lowest = (long long)sample_hi - (((long long)sample_bin + 1) << sample_shift) + 1;
-  const unsigned tau = sample_bin == kBins - 1 || lowest < kLowestFiniteKey ? kLowestFiniteKey : (unsigned)lowest;
-  {
-    const float tau_float = key_float(tau);
-    unsigned hi = tau;  // the listed keys' largest; all keys (kFull) if the list overflows
-    for_row(row, n, vec4, 0u, kFull, [&](const RowBatch& batch) {
-      unsigned picked = 0;
-      #pragma unroll
-      for (int i = 0; i < RowBatch::kSize; ++i) picked |= (unsigned)(batch.x[i] >= tau_float) << i;
-      append_picked(picked & batch.valid, batch, &sh.list_size[0], kListCap, [&](int slot, uint2 entry) {
-        sh.list[0][slot] = entry;
-        hi = max(hi, entry.x);
-      });
-    });
-    fold_key_range(tau, hi, sh);
-  }
-  __syncthreads();
+  // tau: the lowest key of the last threshold bin, at least -FLT_MAX, so that -inf (the padding)
+  // is never listed and the test is a float compare, one instruction a logit.
+  const unsigned tau = max(lo, kLowestFiniteKey);
+  return tau;
+}
 
-  // The source of each round: list 0 or 1, or (src = -1) the row's keys within [filter_lo,
-  // filter_hi] when a list overflowed kListCap; its keys' range [key_lo, key_hi] fits the bins.
-  int src = 0, count = sh.list_size[0];
-  unsigned key_lo = sh.key_lo, key_hi = sh.key_hi, filter_lo = tau, filter_hi = kFull;
-  if (count < k_eff) {
-    // The sample overestimated the k-th key: select from the whole row, bins over all keys up
-    // to the row's largest. key_lo = 0: the range is not exact, so the ties test must not fire.
-    src = -1;
-    count = n;
-    key_lo = 0;
-    filter_lo = 0;
-  } else if (count > kListCap) {
-    src = -1;
-    key_hi = kFull;  // the stored entries' largest is not the list's
-  }
-  auto emit = [&](int slot, uint2 entry) { row_out[slot] = entry.y; };
+// Lists (key, id) of every id of chunks [first, last) whose key is >= tau at *counter's slots of
+// dst (shared or global memory; `cap` entries are stored, all are counted). Returns this thread's
+// largest listed key (tau if none). A thread tests 16 logits at once as floats.
+__device__ unsigned list_candidates(const float* __restrict__ row, int first, int last, int n, bool vec4,
+                                    unsigned tau, int* counter, uint2* dst, int cap) {
+  const float tau_float = key_float(tau);
+  unsigned hi = tau;
+  for_chunks(row, first, last, n, vec4, 0u, kFull, [&](const RowBatch& batch) {
+    unsigned picked = 0;
+    #pragma unroll
+    for (int i = 0; i < RowBatch::kSize; ++i) picked |= (unsigned)(batch.x[i] >= tau_float) << i;
+    append_picked(picked & batch.valid, batch, counter, cap, [&](int slot, uint2 entry) {
+      dst[slot] = entry;
+      hi = max(hi, entry.x);
+    });
+  });
+  return hi;
+}
+
+// Step 2 on a source: list `src` (0 or 1) of `count` entries, or (src = -1) the row's keys within
+// [filter_lo, filter_hi] when a list overflowed kListCap; [key_lo, key_hi] is the range the bins
+// are fitted to. Writes the row's remaining ids after sh.num_greater.
+__device__ void select_rounds(Shared& sh, const float* __restrict__ row, int n, bool vec4, int k_eff,
+                              int* __restrict__ row_out, int src, int count, unsigned key_lo, unsigned key_hi,
+                              unsigned filter_lo, unsigned filter_hi) {
+  const int tid = threadIdx.x;
+  int* hist = sh.hist[(tid >> 5) % kCopies];
   int remaining = k_eff;  // ids still to find in the source
   while (true) {
     if (count == remaining || key_lo == key_hi) {
@@ -363,7 +377,8 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
         for (int i = tid; i < remaining; i += kThreads) row_out[sh.num_greater + i] = (int)sh.list[src][i].y;
       } else {
         for_row(row, n, vec4, filter_lo, filter_hi, [&](const RowBatch& batch) {
-          append_picked(batch.valid, batch, &sh.num_greater, k_eff, emit);
+          append_picked(batch.valid, batch, &sh.num_greater, k_eff,
+                        [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
         });
       }
       return;
@@ -417,7 +432,7 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
           hi = max(hi, batch.key(i));
         }
       }
-      append_picked(greater, batch, &sh.num_greater, k_eff, emit);
+      append_picked(greater, batch, &sh.num_greater, k_eff, [&](int slot, uint2 entry) { row_out[slot] = entry.y; });
       append_picked(listed, batch, &sh.list_size[dst], kListCap,
                     [&](int slot, uint2 entry) { sh.list[dst][slot] = entry; });
     };
@@ -437,5 +452,85 @@ radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_le
   }
 }
 
-// Dynamic shared memory the kernel needs, read by the launcher (cuModuleGetGlobal).
+}  // namespace
+
+// One CTA a row: steps 1 and 2. With `candidates` (from radix_topk_candidates, `cap` entries a
+// row, meta = count, tau, largest key), step 1 is skipped when they fit shared memory.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+radix_topk_rows(const float* __restrict__ logits, const int* __restrict__ seq_lens, int* __restrict__ out,
+                int max_len, int K, const uint2* __restrict__ candidates, const int* __restrict__ meta, int cap) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+  const int tid = threadIdx.x;
+  const int b = blockIdx.x;
+  const int n = min(seq_lens[b], max_len);
+  const int k_eff = min(n, K);
+  const float* row = logits + (long long)b * max_len;
+  int* row_out = out + (long long)b * K;
+  // 16-B loads need 16-B aligned rows; the last chunk then ends within max_len.
+  const bool vec4 = (max_len & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15) == 0;
+
+  for (int i = k_eff + tid; i < K; i += kThreads) row_out[i] = -1;
+  if (n <= K) {  // everything is selected
+    for (int i = tid; i < n; i += kThreads) row_out[i] = i;
+    return;
+  }
+  if (tid == 0) {
+    sh.num_greater = 0;
+    sh.list_size[0] = 0;
+  }
+  const int listed = candidates ? meta[3 * b] : -1;
+  if (listed >= k_eff && listed <= kListCap) {
+    for (int i = tid; i < listed; i += kThreads) sh.list[0][i] = candidates[(long long)b * cap + i];
+    __syncthreads();
+    const unsigned tau = (unsigned)meta[3 * b + 1];
+    select_rounds(sh, row, n, vec4, k_eff, row_out, 0, listed, tau, (unsigned)meta[3 * b + 2], tau, kFull);
+    return;
+  }
+  const unsigned tau = sample_threshold(sh, row, n, k_eff, vec4);
+  fold_key_range(tau, list_candidates(row, 0, (n + 3) >> 2, n, vec4, tau, &sh.list_size[0], sh.list[0], kListCap),
+                 sh);
+  __syncthreads();
+  int src = 0, count = sh.list_size[0];
+  unsigned key_lo = sh.key_lo, key_hi = sh.key_hi, filter_lo = tau;
+  if (count < k_eff) {
+    // The sample overestimated the k-th key: select from the whole row, bins over all keys up
+    // to the row's largest. key_lo = 0: the range is not exact, so the ties test must not fire.
+    src = -1;
+    count = n;
+    key_lo = 0;
+    filter_lo = 0;
+  } else if (count > kListCap) {
+    src = -1;
+    key_hi = kFull;  // the stored entries' largest is not the list's
+  }
+  select_rounds(sh, row, n, vec4, k_eff, row_out, src, count, key_lo, key_hi, filter_lo, kFull);
+}
+
+// Step 1 for rows long enough to share: gridDim.x CTAs a row, each listing the candidates of its
+// share of the row (against the same sampled threshold) into the row's `cap` global entries;
+// meta (zeroed by the caller) gets the count, tau and the largest listed key.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+radix_topk_candidates(const float* __restrict__ logits, const int* __restrict__ seq_lens, int max_len, int K,
+                      uint2* __restrict__ candidates, int* __restrict__ meta, int cap) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+  const int b = blockIdx.y;
+  const int n = min(seq_lens[b], max_len);
+  const int k_eff = min(n, K);
+  if (n <= K) return;
+  const float* row = logits + (long long)b * max_len;
+  const bool vec4 = (max_len & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15) == 0;
+  const unsigned tau = sample_threshold(sh, row, n, k_eff, vec4);
+  const int chunks = (n + 3) >> 2, share = (chunks + gridDim.x - 1) / gridDim.x;
+  const int first = min(chunks, (int)blockIdx.x * share);
+  unsigned hi = list_candidates(row, first, min(chunks, first + share), n, vec4, tau, &meta[3 * b],
+                                candidates + (long long)b * cap, cap);
+  hi = __reduce_max_sync(kFull, hi);
+  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<unsigned*>(&meta[3 * b + 2]), hi);
+  if (blockIdx.x == 0 && threadIdx.x == 0) meta[3 * b + 1] = (int)tau;
+}
+
+// Dynamic shared memory the kernels need, read by the launcher (cuModuleGetGlobal).
 extern "C" __device__ const int radix_topk_rows_shared_bytes = sizeof(Shared);
+extern "C" __device__ const int radix_topk_candidates_shared_bytes = sizeof(Shared);
