@@ -195,15 +195,15 @@ def _mla_cfgs(heads):
     if heads == 8:
         cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
         cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
-        cfgs += [("cuda", s, 4, 64, 2) for s in (2, 4)] + [("cuda", 4, 8, 64, 2)]
-        cfgs += [("cuda", s, 4, 32, c) for s in (4, 6, 8) for c in (2, 3, 4)]
+        cfgs += [("cuda", s, t, st, c) for t, st, c, splits in ((64, 2, 2, (4, 8)), (32, 3, 2, (4,)), (32, 2, 4, (4, 8)),
+                                                               (32, 3, 3, (4,)), (64, 3, 1, (2,))) for s in splits]
         return cfgs
     return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
 
 
 def _mla_name(cfg):
     if cfg[0] == "cuda":
-        return (f"CUDA kernel (csrc/sparse_mla_decode_h16.cu), {cfg[1]} splits, {cfg[2]} warps, tile {cfg[3]}, "
+        return (f"CUDA kernel (csrc/sparse_mla_decode.cu), {cfg[1]} splits, tile {cfg[2]}, {cfg[3]} stages, "
                 f"{cfg[4]} CTAs/SM")
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return (f"block_h {bh}, {s} splits, {nw} warps, {st} stages, block_k {bk}, {nc} column slices, prefetch {pf}, "
@@ -212,7 +212,7 @@ def _mla_name(cfg):
 
 def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
     if cfg[0] == "cuda":
-        return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], num_warps=cfg[2], tile=cfg[3],
+        return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], tile=cfg[2], stages=cfg[3],
                                       ctas_per_sm=cfg[4], out=out)
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,

@@ -284,7 +284,14 @@ def _slice_outputs(q, num_splits, partial_dtype, out, out_lse) -> tuple[torch.Te
 def _merge_slices(num_splits, part, part_lse, out, out_lse) -> tuple[torch.Tensor, torch.Tensor]:
     if num_splits == 1:
         return part, part_lse
-    return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse)
+    # One head a program: the decode grid (B x H programs) is small, and 4 heads a program took
+    # 10.1 us for 8 slices at B=64, H=8 against 3.7 us (docs/benchmarks.md).
+    return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse, block_h=1)
+
+
+# (tile, stages, CTAs/SM) of the CUDA kernel by its head tiles (H <= 8, H <= 16): the best at
+# B=64, K=2048 on an H200 (docs/benchmarks.md).
+_CUDA_LAYOUTS = {1: (64, 2, 2), 2: (32, 3, 3)}
 
 
 def sparse_mla_decode_cuda(
@@ -295,15 +302,16 @@ def sparse_mla_decode_cuda(
     num_splits: int = 4,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
-    num_warps: int = 4,
-    tile: int = 64,
-    ctas_per_sm: int = 2,
+    tile: int | None = None,
+    stages: int | None = None,
+    ctas_per_sm: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hand-written CUDA kernel (csrc/sparse_mla_decode_h16.cu) for up to 16 heads on
-    sm_89+ (its e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
+    """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
+    e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
     :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
-    partials). `num_warps` (4 or 8) per CTA, `tile` (32 or 64) rows per step, `ctas_per_sm` the
-    register budget's target (__launch_bounds__)."""
+    partials). A CTA of 4 warps, one per latent group, streams `tile` (32 or 64) rows a step
+    through a ring of `stages`; `ctas_per_sm` is the register budget's target (__launch_bounds__).
+    Unset, they come from _CUDA_LAYOUTS."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -314,12 +322,16 @@ def sparse_mla_decode_cuda(
     k = topk_slots.shape[1]
     k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
     num_splits = triton.cdiv(k, k_per_split)
-    assert num_warps in (4, 8) and tile in (32, 64) and tile // num_warps >= 8
-    defines = (("SPARSE_MLA_WARPS", num_warps), ("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm))
-    kernel = load("sparse_mla_decode_h16.cu", "sparse_mla_decode_h16", q.device.index, defines)
+    head_tiles = 1 if heads <= 8 else 2
+    default_tile, default_stages, default_ctas = _CUDA_LAYOUTS[head_tiles]
+    tile, stages, ctas_per_sm = tile or default_tile, stages or default_stages, ctas_per_sm or default_ctas
+    assert tile in (32, 64) and stages >= 2
+    defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", head_tiles),
+               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_SPLIT_CAP", k_per_split))
+    kernel = load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
     part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, 1), 32 * num_warps, [
+    kernel.launch((num_splits, batch, 1), 128, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
         (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)

@@ -1,0 +1,369 @@
+// Sparse MLA decode for up to 16 heads: one warp per 128-wide latent group, rows streamed raw.
+//
+// Same contract as sparse_mla.sparse_mla_decode_reference: q [B, H, 576] bf16, a cache of
+// 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
+// [B, K] (-1 = none) -> out [S, B, H, 512] bf16 and lse [S, B, H] fp32 (base e) per top-k slice.
+//
+// CTA = 4 warps = one (top-k slice, request). Warp w owns latent group w (bytes 128w..128w+127
+// of every row), for both products, so q's fragments for S stay in registers and the output
+// accumulators are 128 dims x heads a warp:
+//   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with heads as the
+//     MMA's M (padded to 16) and tokens as N: each thread's 4 bytes of a row per k-step are its B
+//     fragment, for a permuted order of the k-step's 16 dims that q's A fragments follow too;
+//   the four partials meet in shared memory (one barrier a tile); every warp sums them in the
+//     same order, so all four run the same online softmax on identical values;
+//   O^T_w += V8_w^T (P s_w / s_ref)^T, latent dims as M: one byte permute per token pair turns
+//     two raw rows into the A fragment (each m-tile takes the dim pair 16g + 2j, +1), and P's
+//     B fragment is S's accumulator as it stands (head g, tokens 2t, 2t+1).
+// e4m3 -> fp16 is exact (one cvt per pair); q and P are fp16 too, the rope bf16.
+// Rows arrive by 16-B cp.async copies into a ring of SPARSE_MLA_STAGES tiles, completing on
+// mbarriers; a stage is refilled as soon as the tile's barrier shows every warp is done with it.
+
+// No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
+
+namespace {
+
+#ifndef SPARSE_MLA_TILE
+#define SPARSE_MLA_TILE 32
+#endif
+#ifndef SPARSE_MLA_STAGES
+#define SPARSE_MLA_STAGES 3
+#endif
+#ifndef SPARSE_MLA_HEAD_TILES
+#define SPARSE_MLA_HEAD_TILES 1
+#endif
+#ifndef SPARSE_MLA_CTAS_PER_SM
+#define SPARSE_MLA_CTAS_PER_SM 3
+#endif
+#ifndef SPARSE_MLA_SPLIT_CAP
+#define SPARSE_MLA_SPLIT_CAP 512
+#endif
+constexpr int kWarps = 4;                  // one per latent group
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = SPARSE_MLA_TILE;     // rows a stage: 32 or 64
+constexpr int kStages = SPARSE_MLA_STAGES;
+constexpr int kHeadTiles = SPARSE_MLA_HEAD_TILES;  // n8 head tiles of P.V: 1 (H <= 8) or 2 (H <= 16)
+constexpr int kHeads = 8 * kHeadTiles;
+constexpr int kSplitCap = SPARSE_MLA_SPLIT_CAP;    // top-k slots a CTA takes, at most
+constexpr int kTokenTiles = kTile / 8;     // n8 token tiles of S
+constexpr int kChunks = kTile / 16;        // k16 token chunks of P.V
+constexpr int kRowBytes = 656;             // 41 x 16 B: rows are 16-B aligned, one bank unit apart
+constexpr int kScaleOffset = 512, kRopeOffset = 528;
+constexpr int kPartialStride = kTile + 8;  // floats a head: float2 stores hit distinct banks
+#define kInf __int_as_float(0x7f800000)
+
+static_assert(kTile % 16 == 0 && kTile <= 64, "tiles of 16-token chunks, at most 64 rows");
+
+struct Shared {
+  unsigned char rows[kStages][kTile * kRowBytes];
+  float partial[2][kWarps][kHeads * kPartialStride];  // S partials of tiles i and i + 1
+  int slots[kSplitCap];
+  unsigned long long full[kStages];  // mbarriers: the stage's rows have landed
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// d (+)= a * b, m16n8k16, fp32 accumulators; fp16 or bf16 operands.
+__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (the low or high half of v) -> fp16x2, exact.
+__device__ __forceinline__ unsigned e4m3x2_lo(unsigned v) {
+  unsigned out;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(v));
+  return out;
+}
+
+__device__ __forceinline__ unsigned e4m3x2_hi(unsigned v) {
+  unsigned out;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(v));
+  return out;
+}
+
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned selector) {
+  unsigned out;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
+  return out;
+}
+
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+  unsigned out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  unsigned out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+__device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
+  return pack_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// The rows of tile `tile` into its stage with 16-B cp.async copies: warp w copies rows w, w + 4,
+// ..., lane c chunks c and c + 32 of each (41 a row); a missing row copies row 0, masked by its
+// slot later. Each thread's copies then arrive on the stage's mbarrier (kThreads arrivals).
+__device__ __forceinline__ void issue_tile(Shared& sh, const unsigned char* __restrict__ cache, int tile, int w,
+                                           int lane) {
+  const int stage = tile % kStages;
+  #pragma unroll
+  for (int r = w; r < kTile; r += kWarps) {
+    const unsigned char* src = cache + (long long)max(sh.slots[tile * kTile + r], 0) * kRowBytes;
+    unsigned char* dst = sh.rows[stage] + r * kRowBytes;
+    copy16(dst + 16 * lane, src + 16 * lane);
+    if (lane < kRowBytes / 16 - 32) copy16(dst + 16 * (lane + 32), src + 16 * (lane + 32));
+  }
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM)
+sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache,
+                         const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
+                         int B, int H, int K, int k_per_split, float qk_scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // mma fragment coordinates: groupID, thread in group
+  const int split = blockIdx.x, b = blockIdx.y;
+  const int k_begin = split * k_per_split;
+  const int k_count = min(k_per_split, K - k_begin);
+  const int n_tiles = (k_count + kTile - 1) / kTile;
+
+  for (int i = tid; i < n_tiles * kTile; i += kThreads) sh.slots[i] = i < k_count ? topk[(long long)b * K + k_begin + i] : -1;
+  if (tid < kStages) mbar_init(&sh.full[tid], kThreads);
+  __syncthreads();
+  for (int i = 0; i < kStages - 1 && i < n_tiles; ++i) issue_tile(sh, cache, i, w, lane);
+
+  // q's A fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
+  // k-step s, logical columns (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
+  unsigned q_lo[16], q_hi[16], rope_lo[2], rope_hi[2];
+  {
+    const auto load_head = [&](int h, unsigned (&frag)[16], unsigned (&rope)[2]) {
+      if (h >= H) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) frag[i] = 0;
+        rope[0] = rope[1] = 0;
+        return;
+      }
+      const unsigned short* qh = q + ((long long)b * H + h) * 576;
+      const uint4* src = reinterpret_cast<const uint4*>(qh + 128 * w + 32 * t);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = src[i];
+        frag[4 * i] = bf16x2_to_f16x2(v.x); frag[4 * i + 1] = bf16x2_to_f16x2(v.y);
+        frag[4 * i + 2] = bf16x2_to_f16x2(v.z); frag[4 * i + 3] = bf16x2_to_f16x2(v.w);
+      }
+      // The rope's k-step w (dims 16w..16w+15), plain order, bf16.
+      rope[0] = *reinterpret_cast<const unsigned*>(qh + 512 + 16 * w + 2 * t);
+      rope[1] = *reinterpret_cast<const unsigned*>(qh + 512 + 16 * w + 8 + 2 * t);
+    };
+    load_head(g, q_lo, rope_lo);
+    load_head(kHeadTiles == 2 ? g + 8 : H, q_hi, rope_hi);
+  }
+
+  float o[8][kHeadTiles][4];  // O^T: m-tile j = dims 128w + 16g + 2j (rows g) and +1 (rows g + 8)
+  #pragma unroll
+  for (int j = 0; j < 8; ++j)
+    #pragma unroll
+    for (int n = 0; n < kHeadTiles; ++n) o[j][n][0] = o[j][n][1] = o[j][n][2] = o[j][n][3] = 0.f;
+  float m_run[2] = {-1e30f, -1e30f}, l_run[2] = {0.f, 0.f};  // heads g and g + 8
+  float s_ref = 0.f, inv_ref = 0.f;  // o holds output / s_ref
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int stage = i % kStages;
+    mbar_wait(&sh.full[stage], (i / kStages) & 1);
+    const unsigned char* rows = sh.rows[stage];
+
+    // S partial of group w for every token tile: s[n][0..1] head g, tokens 8n + 2t, +1; [2..3] head g + 8.
+    float s[kTokenTiles][4], scale[kTokenTiles][2];
+    #pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) {
+      const unsigned char* row = rows + (8 * n + g) * kRowBytes;
+      const uint4 lo = *reinterpret_cast<const uint4*>(row + 128 * w + 32 * t);
+      const uint4 hi = *reinterpret_cast<const uint4*>(row + 128 * w + 32 * t + 16);
+      const unsigned words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, rope_acc[4] = {0.f, 0.f, 0.f, 0.f};
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        mma_f16(acc, q_lo[2 * k], q_hi[2 * k], q_lo[2 * k + 1], q_hi[2 * k + 1], e4m3x2_lo(words[k]),
+                e4m3x2_hi(words[k]));
+      }
+      const unsigned r0 = *reinterpret_cast<const unsigned*>(row + kRopeOffset + 32 * w + 4 * t);
+      const unsigned r1 = *reinterpret_cast<const unsigned*>(row + kRopeOffset + 32 * w + 16 + 4 * t);
+      mma_bf16(rope_acc, rope_lo[0], rope_hi[0], rope_lo[1], rope_hi[1], r0, r1);
+      const unsigned char* tok = rows + (8 * n + 2 * t) * kRowBytes + kScaleOffset + 4 * w;
+      scale[n][0] = *reinterpret_cast<const float*>(tok);
+      scale[n][1] = *reinterpret_cast<const float*>(tok + kRowBytes);
+      s[n][0] = acc[0] * scale[n][0] + rope_acc[0];
+      s[n][1] = acc[1] * scale[n][1] + rope_acc[1];
+      s[n][2] = acc[2] * scale[n][0] + rope_acc[2];
+      s[n][3] = acc[3] * scale[n][1] + rope_acc[3];
+    }
+    float* mine = sh.partial[i & 1][w];
+    #pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) {
+      *reinterpret_cast<float2*>(mine + g * kPartialStride + 8 * n + 2 * t) = make_float2(s[n][0], s[n][1]);
+      if (kHeadTiles == 2)
+        *reinterpret_cast<float2*>(mine + (g + 8) * kPartialStride + 8 * n + 2 * t) = make_float2(s[n][2], s[n][3]);
+    }
+    __syncthreads();
+    // Every warp is done with tile i - 1: its stage takes tile i + kStages - 1.
+    if (i + kStages - 1 < n_tiles) issue_tile(sh, cache, i + kStages - 1, w, lane);
+
+    // The whole S (the four partials in a fixed order), masked and in log2 units.
+    float tile_max[2] = {-kInf, -kInf};
+    #pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) {
+      const int2 slot = *reinterpret_cast<const int2*>(sh.slots + i * kTile + 8 * n + 2 * t);
+      #pragma unroll
+      for (int r = 0; r < kHeadTiles; ++r) {
+        float2 sum = make_float2(0.f, 0.f);
+        #pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+          const float2 p = *reinterpret_cast<const float2*>(sh.partial[i & 1][v] + (g + 8 * r) * kPartialStride + 8 * n + 2 * t);
+          sum.x += p.x;
+          sum.y += p.y;
+        }
+        s[n][2 * r] = slot.x >= 0 ? sum.x * qk_scale_log2 : -kInf;
+        s[n][2 * r + 1] = slot.y >= 0 ? sum.y * qk_scale_log2 : -kInf;
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      }
+      scale[n][0] = slot.x >= 0 ? scale[n][0] : 0.f;
+      scale[n][1] = slot.y >= 0 ? scale[n][1] : 0.f;
+    }
+    float alpha[2], tile_sum[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < kHeadTiles; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]);
+      alpha[r] = exp2f(m_run[r] - m_new);
+      m_run[r] = m_new;
+    }
+    // o's unit s_ref: the first tile's largest s_w, raised only when a tile's scales outgrow it by
+    // 2^8, so P s_w / s_ref stays well inside fp16's range and o is rarely rescaled for it.
+    float tile_ref = 0.f;
+    #pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) tile_ref = fmaxf(tile_ref, fmaxf(scale[n][0], scale[n][1]));
+    tile_ref = fmaxf(tile_ref, __shfl_xor_sync(0xffffffffu, tile_ref, 1));
+    tile_ref = fmaxf(tile_ref, __shfl_xor_sync(0xffffffffu, tile_ref, 2));
+    float unit_ratio = 1.f;  // old unit / new unit
+    if (tile_ref > 256.f * s_ref) {  // the same in every lane
+      unit_ratio = s_ref / tile_ref;
+      s_ref = tile_ref;
+      inv_ref = 1.f / tile_ref;
+    }
+    unsigned p_frag[kTokenTiles][kHeadTiles];  // B fragments of P.V: head g (+8), tokens 8n + 2t, +1
+    #pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) {
+      const float w0 = scale[n][0] * inv_ref, w1 = scale[n][1] * inv_ref;
+      #pragma unroll
+      for (int r = 0; r < kHeadTiles; ++r) {
+        const float p0 = exp2f(s[n][2 * r] - m_run[r]), p1 = exp2f(s[n][2 * r + 1] - m_run[r]);
+        tile_sum[r] += p0 + p1;
+        p_frag[n][r] = pack_f16x2(p0 * w0, p1 * w1);
+      }
+    }
+    #pragma unroll
+    for (int r = 0; r < kHeadTiles; ++r) {
+      tile_sum[r] += __shfl_xor_sync(0xffffffffu, tile_sum[r], 1);
+      tile_sum[r] += __shfl_xor_sync(0xffffffffu, tile_sum[r], 2);
+      l_run[r] = l_run[r] * alpha[r] + tile_sum[r];
+    }
+    // Rescale o when a running max grew or the unit changed. O's columns are heads 2t, 2t+1 (+8):
+    // their alphas live in lanes 8t and 8t + 4.
+    bool grew = false;
+    #pragma unroll
+    for (int r = 0; r < kHeadTiles; ++r) grew |= alpha[r] != 1.f;
+    if (__any_sync(0xffffffffu, grew) || unit_ratio != 1.f) {
+      #pragma unroll
+      for (int r = 0; r < kHeadTiles; ++r) {
+        const float f0 = __shfl_sync(0xffffffffu, alpha[r], 8 * t) * unit_ratio;
+        const float f1 = __shfl_sync(0xffffffffu, alpha[r], 8 * t + 4) * unit_ratio;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[j][r][0] *= f0; o[j][r][1] *= f1; o[j][r][2] *= f0; o[j][r][3] *= f1;
+        }
+      }
+    }
+
+    // O^T += V8^T P'^T over k16 chunks of tokens: rows 16c + 2t, +1 (k 2t, 2t+1) and +8, +9.
+    #pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const unsigned char* base = rows + (16 * c + 2 * t) * kRowBytes + 128 * w + 16 * g;
+      const uint4 x = *reinterpret_cast<const uint4*>(base);
+      const uint4 y = *reinterpret_cast<const uint4*>(base + kRowBytes);
+      const uint4 z = *reinterpret_cast<const uint4*>(base + 8 * kRowBytes);
+      const uint4 u = *reinterpret_cast<const uint4*>(base + 9 * kRowBytes);
+      const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+      const unsigned zs[4] = {z.x, z.y, z.z, z.w}, us[4] = {u.x, u.y, u.z, u.w};
+      #pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // Bytes 2j, 2j+1 of the lane's 16: (token 2t, token 2t+1) pairs of dims 16g + 2j and + 1.
+        const unsigned sel = (j & 1) ? 0x7362u : 0x5140u;
+        const unsigned xy = byte_perm(xs[j >> 1], ys[j >> 1], sel);
+        const unsigned zu = byte_perm(zs[j >> 1], us[j >> 1], sel);
+        const unsigned a0 = e4m3x2_lo(xy), a1 = e4m3x2_hi(xy), a2 = e4m3x2_lo(zu), a3 = e4m3x2_hi(zu);
+        #pragma unroll
+        for (int r = 0; r < kHeadTiles; ++r) mma_f16(o[j][r], a0, a1, a2, a3, p_frag[2 * c][r], p_frag[2 * c + 1][r]);
+      }
+    }
+  }
+
+  // out = O s_ref / l; lse in base e. A head that saw no valid token: out 0, lse -inf.
+  const long long row_base = ((long long)split * B + b) * H;
+  #pragma unroll
+  for (int r = 0; r < kHeadTiles; ++r) {
+    const float l0 = __shfl_sync(0xffffffffu, l_run[r], 8 * t), l1 = __shfl_sync(0xffffffffu, l_run[r], 8 * t + 4);
+    const int h0 = 8 * r + 2 * t, h1 = h0 + 1;
+    const float f0 = l0 > 0.f ? s_ref / l0 : 0.f, f1 = l1 > 0.f ? s_ref / l1 : 0.f;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int dim = 128 * w + 16 * g + 2 * j;
+      if (h0 < H) *reinterpret_cast<unsigned*>(out + (row_base + h0) * 512 + dim) = pack_bf16x2(o[j][r][0] * f0, o[j][r][2] * f0);
+      if (h1 < H) *reinterpret_cast<unsigned*>(out + (row_base + h1) * 512 + dim) = pack_bf16x2(o[j][r][1] * f1, o[j][r][3] * f1);
+    }
+    const int h = g + 8 * r;
+    if (w == 0 && t == 0 && h < H) {
+      out_lse[row_base + h] = l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * 0.6931471805599453f : -kInf;
+    }
+  }
+}
+
+// Dynamic shared memory the kernel needs, read by the launcher (cuModuleGetGlobal).
+extern "C" __device__ const int sparse_mla_decode_shared_bytes = sizeof(Shared);
