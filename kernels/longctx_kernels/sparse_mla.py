@@ -289,11 +289,6 @@ def _merge_slices(num_splits, part, part_lse, out, out_lse) -> tuple[torch.Tenso
     return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse, block_h=1)
 
 
-# (tile, stages, CTAs/SM) of the CUDA kernel by its head tiles (H <= 8, H <= 16): the best at
-# B=64, K=2048 on an H200 (docs/benchmarks.md).
-_CUDA_LAYOUTS = {1: (64, 2, 2), 2: (32, 3, 3)}
-
-
 def sparse_mla_decode_cuda(
     q: torch.Tensor,
     cache: torch.Tensor,
@@ -302,16 +297,16 @@ def sparse_mla_decode_cuda(
     num_splits: int = 4,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
-    tile: int | None = None,
-    stages: int | None = None,
-    ctas_per_sm: int | None = None,
+    tile: int = 32,
+    stages: int = 3,
+    ctas_per_sm: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
     :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
     partials). A CTA of 4 warps, one per latent group, streams `tile` (32 or 64) rows a step
     through a ring of `stages`; `ctas_per_sm` is the register budget's target (__launch_bounds__).
-    Unset, they come from _CUDA_LAYOUTS."""
+    The defaults were the best at B=64, K=2048 on an H200, for 8 and 16 heads (docs/benchmarks.md)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -322,11 +317,8 @@ def sparse_mla_decode_cuda(
     k = topk_slots.shape[1]
     k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
     num_splits = triton.cdiv(k, k_per_split)
-    head_tiles = 1 if heads <= 8 else 2
-    default_tile, default_stages, default_ctas = _CUDA_LAYOUTS[head_tiles]
-    tile, stages, ctas_per_sm = tile or default_tile, stages or default_stages, ctas_per_sm or default_ctas
     assert tile in (32, 64) and stages >= 2
-    defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", head_tiles),
+    defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2),
                ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_SPLIT_CAP", k_per_split))
     kernel = load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
     part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)

@@ -7,14 +7,14 @@
 // CTA = 4 warps = one (top-k slice, request). Warp w owns latent group w (bytes 128w..128w+127
 // of every row), for both products, so q's fragments for S stay in registers and the output
 // accumulators are 128 dims x heads a warp:
-//   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with heads as the
-//     MMA's M (padded to 16) and tokens as N: each thread's 4 bytes of a row per k-step are its B
-//     fragment, for a permuted order of the k-step's 16 dims that q's A fragments follow too;
-//   the four partials meet in shared memory (one barrier a tile); every warp sums them in the
-//     same order, so all four run the same online softmax on identical values;
+//   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with tokens as
+//     the MMA's M and heads as N: each thread's 4 bytes of a row per k-step are its A fragment's
+//     halves, for a permuted order of the k-step's 16 dims that q's B fragments follow too;
+//   the four partials meet in shared memory (one barrier a tile), stored [head][token]; every
+//     warp sums them in the same order, in the layout of P's B fragment below (head g, tokens
+//     2t, 2t+1), so all four run the same online softmax on identical values;
 //   O^T_w += V8_w^T (P s_w / s_ref)^T, latent dims as M: one byte permute per token pair turns
-//     two raw rows into the A fragment (each m-tile takes the dim pair 16g + 2j, +1), and P's
-//     B fragment is S's accumulator as it stands (head g, tokens 2t, 2t+1).
+//     two raw rows into the A fragment (each m-tile takes the dim pair 16g + 2j, +1).
 // e4m3 -> fp16 is exact (one cvt per pair); q and P are fp16 too, the rope bf16.
 // Rows arrive by 16-B cp.async copies into a ring of SPARSE_MLA_STAGES tiles, completing on
 // mbarriers; a stage is refilled as soon as the tile's barrier shows every warp is done with it.
@@ -169,8 +169,8 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   __syncthreads();
   for (int i = 0; i < kStages - 1 && i < n_tiles; ++i) issue_tile(sh, cache, i, w, lane);
 
-  // q's A fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
-  // k-step s, logical columns (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
+  // q's B fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
+  // k-step s, logical rows (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
   unsigned q_lo[16], q_hi[16], rope_lo[2], rope_hi[2];
   {
     const auto load_head = [&](int h, unsigned (&frag)[16], unsigned (&rope)[2]) {
@@ -209,47 +209,58 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
     mbar_wait(&sh.full[stage], (i / kStages) & 1);
     const unsigned char* rows = sh.rows[stage];
 
-    // S partial of group w for every token tile: s[n][0..1] head g, tokens 8n + 2t, +1; [2..3] head g + 8.
-    float s[kTokenTiles][4], scale[kTokenTiles][2];
-    #pragma unroll
-    for (int n = 0; n < kTokenTiles; ++n) {
-      const unsigned char* row = rows + (8 * n + g) * kRowBytes;
-      const uint4 lo = *reinterpret_cast<const uint4*>(row + 128 * w + 32 * t);
-      const uint4 hi = *reinterpret_cast<const uint4*>(row + 128 * w + 32 * t + 16);
-      const unsigned words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      float acc[4] = {0.f, 0.f, 0.f, 0.f}, rope_acc[4] = {0.f, 0.f, 0.f, 0.f};
-      #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        mma_f16(acc, q_lo[2 * k], q_hi[2 * k], q_lo[2 * k + 1], q_hi[2 * k + 1], e4m3x2_lo(words[k]),
-                e4m3x2_hi(words[k]));
-      }
-      const unsigned r0 = *reinterpret_cast<const unsigned*>(row + kRopeOffset + 32 * w + 4 * t);
-      const unsigned r1 = *reinterpret_cast<const unsigned*>(row + kRopeOffset + 32 * w + 16 + 4 * t);
-      mma_bf16(rope_acc, rope_lo[0], rope_hi[0], rope_lo[1], rope_hi[1], r0, r1);
-      const unsigned char* tok = rows + (8 * n + 2 * t) * kRowBytes + kScaleOffset + 4 * w;
-      scale[n][0] = *reinterpret_cast<const float*>(tok);
-      scale[n][1] = *reinterpret_cast<const float*>(tok + kRowBytes);
-      s[n][0] = acc[0] * scale[n][0] + rope_acc[0];
-      s[n][1] = acc[1] * scale[n][1] + rope_acc[1];
-      s[n][2] = acc[2] * scale[n][0] + rope_acc[2];
-      s[n][3] = acc[3] * scale[n][1] + rope_acc[3];
-    }
+    // S partial of group w, tokens as the MMA's M: m-tile m holds tokens 16m + g (c0, c1) and
+    // 16m + g + 8 (c2, c3), heads 2t, 2t+1 of head tile r; stored as partial[head][token].
     float* mine = sh.partial[i & 1][w];
     #pragma unroll
-    for (int n = 0; n < kTokenTiles; ++n) {
-      *reinterpret_cast<float2*>(mine + g * kPartialStride + 8 * n + 2 * t) = make_float2(s[n][0], s[n][1]);
-      if (kHeadTiles == 2)
-        *reinterpret_cast<float2*>(mine + (g + 8) * kPartialStride + 8 * n + 2 * t) = make_float2(s[n][2], s[n][3]);
+    for (int m = 0; m < kTile / 16; ++m) {
+      const unsigned char* row0 = rows + (16 * m + g) * kRowBytes;
+      const unsigned char* row1 = row0 + 8 * kRowBytes;
+      const uint4 lo0 = *reinterpret_cast<const uint4*>(row0 + 128 * w + 32 * t);
+      const uint4 hi0 = *reinterpret_cast<const uint4*>(row0 + 128 * w + 32 * t + 16);
+      const uint4 lo1 = *reinterpret_cast<const uint4*>(row1 + 128 * w + 32 * t);
+      const uint4 hi1 = *reinterpret_cast<const uint4*>(row1 + 128 * w + 32 * t + 16);
+      const unsigned words0[8] = {lo0.x, lo0.y, lo0.z, lo0.w, hi0.x, hi0.y, hi0.z, hi0.w};
+      const unsigned words1[8] = {lo1.x, lo1.y, lo1.z, lo1.w, hi1.x, hi1.y, hi1.z, hi1.w};
+      float acc[kHeadTiles][4] = {}, rope_acc[kHeadTiles][4] = {};
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const unsigned a0 = e4m3x2_lo(words0[k]), a1 = e4m3x2_lo(words1[k]);
+        const unsigned a2 = e4m3x2_hi(words0[k]), a3 = e4m3x2_hi(words1[k]);
+        mma_f16(acc[0], a0, a1, a2, a3, q_lo[2 * k], q_lo[2 * k + 1]);
+        if (kHeadTiles == 2) mma_f16(acc[kHeadTiles - 1], a0, a1, a2, a3, q_hi[2 * k], q_hi[2 * k + 1]);
+      }
+      const unsigned r0 = *reinterpret_cast<const unsigned*>(row0 + kRopeOffset + 32 * w + 4 * t);
+      const unsigned r1 = *reinterpret_cast<const unsigned*>(row1 + kRopeOffset + 32 * w + 4 * t);
+      const unsigned r2 = *reinterpret_cast<const unsigned*>(row0 + kRopeOffset + 32 * w + 16 + 4 * t);
+      const unsigned r3 = *reinterpret_cast<const unsigned*>(row1 + kRopeOffset + 32 * w + 16 + 4 * t);
+      mma_bf16(rope_acc[0], r0, r1, r2, r3, rope_lo[0], rope_lo[1]);
+      if (kHeadTiles == 2) mma_bf16(rope_acc[kHeadTiles - 1], r0, r1, r2, r3, rope_hi[0], rope_hi[1]);
+      const float scale0 = *reinterpret_cast<const float*>(row0 + kScaleOffset + 4 * w);
+      const float scale1 = *reinterpret_cast<const float*>(row1 + kScaleOffset + 4 * w);
+      #pragma unroll
+      for (int r = 0; r < kHeadTiles; ++r) {
+        float* head0 = mine + (8 * r + 2 * t) * kPartialStride + 16 * m + g;
+        head0[0] = acc[r][0] * scale0 + rope_acc[r][0];
+        head0[kPartialStride] = acc[r][1] * scale0 + rope_acc[r][1];
+        head0[8] = acc[r][2] * scale1 + rope_acc[r][2];
+        head0[kPartialStride + 8] = acc[r][3] * scale1 + rope_acc[r][3];
+      }
     }
     __syncthreads();
     // Every warp is done with tile i - 1: its stage takes tile i + kStages - 1.
     if (i + kStages - 1 < n_tiles) issue_tile(sh, cache, i + kStages - 1, w, lane);
 
-    // The whole S (the four partials in a fixed order), masked and in log2 units.
+    // The whole S (the four partials in a fixed order), masked and in log2 units, in the layout of
+    // P's B fragment: s[n][0..1] head g, tokens 8n + 2t, +1; [2..3] head g + 8. scale: their s_w.
+    float s[kTokenTiles][4], scale[kTokenTiles][2];
     float tile_max[2] = {-kInf, -kInf};
     #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
       const int2 slot = *reinterpret_cast<const int2*>(sh.slots + i * kTile + 8 * n + 2 * t);
+      const unsigned char* tok = rows + (8 * n + 2 * t) * kRowBytes + kScaleOffset + 4 * w;
+      scale[n][0] = *reinterpret_cast<const float*>(tok);
+      scale[n][1] = *reinterpret_cast<const float*>(tok + kRowBytes);
       #pragma unroll
       for (int r = 0; r < kHeadTiles; ++r) {
         float2 sum = make_float2(0.f, 0.f);

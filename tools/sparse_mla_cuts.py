@@ -1,0 +1,69 @@
+"""Where the CUDA sparse-MLA kernel's time goes, on one GPU: the kernel alone (the slices' merge
+cut) at B=64, H=8, K=2048 over a 64K-token context, whole and with parts of its loop cut out of
+the source (P.V; then S's MMAs; then everything but the row copies, the mbarrier waits and the
+barrier), and the merge alone. The last cut is the row gather's own time, the ceiling the whole
+kernel can reach.
+
+    PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py
+
+Cut kernels compute nothing useful; only their times mean something (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from longctx_kernels import cuda_module, measure, sparse_mla
+from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda
+
+SOURCE = "sparse_mla_decode.cu"
+NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")
+NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
+NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
+CUTS = {"whole kernel": [], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
+        "row copies and waits only": [NO_PV, NO_S]}
+LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits=8, tile=32, stages=2, ctas_per_sm=4),
+           dict(num_splits=4, tile=64, stages=2, ctas_per_sm=2), dict(num_splits=2, tile=64, stages=3, ctas_per_sm=1)]
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    batch, ctx, topk, heads = 64, 65536, 2048, 8
+    rows = batch * ctx
+    cache = torch.empty(rows, 656, dtype=torch.uint8, device="cuda")
+    for s in range(0, rows, 1 << 20):
+        cache[s:s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, rows - s), 576, device="cuda", generator=gen))
+    cache = cache.reshape(rows // 64, 64, 656)
+    slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
+    q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
+    floor_us = batch * topk * 656 / measure.hbm_copy_bandwidth() * 1e6
+    print(f"rows {batch * topk * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
+
+    merge = sparse_mla._merge_slices
+    for splits in sorted({layout["num_splits"] for layout in LAYOUTS}):
+        part = torch.randn(splits, batch, heads, 512, device="cuda").bfloat16()
+        lse = torch.randn(splits, batch, heads, device="cuda")
+        ms = measure.graph_median_ms(lambda: merge(splits, part, lse, None, None))
+        print(f"merge of {splits} slices alone: {ms * 1e3:.1f} us")
+
+    source = (cuda_module.CSRC / SOURCE).read_text()
+    sparse_mla._merge_slices = lambda splits, part, part_lse, out, out_lse: (part, part_lse)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, edits in CUTS.items():
+            text = source
+            for old, new in edits:
+                assert old in text, f"the cut {old!r} no longer matches {SOURCE}"
+                text = text.replace(old, new)
+            (Path(tmp) / SOURCE).write_text(text)
+            cuda_module.CSRC = Path(tmp)
+            cuda_module.load.cache_clear()
+            for layout in LAYOUTS:
+                ms = measure.graph_median_ms(lambda: sparse_mla_decode_cuda(q, cache, slots, 576**-0.5, **layout))
+                print(f"{name:26s} {layout}: {ms * 1e3:5.1f} us = {ms * 1e3 / floor_us:.2f}x the floor", flush=True)
+
+
+if __name__ == "__main__":
+    main()
