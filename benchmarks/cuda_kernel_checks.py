@@ -19,7 +19,8 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     cache = pack_fp8_ds_mla_rows(torch.randn(4096, 576, device="cuda", generator=gen) * 2).reshape(64, 64, 656)
     for tile, stages, ctas in ((64, 2, 2), (32, 3, 3), (32, 2, 4), (32, 4, 2)):
         for batch, heads, k, splits, padded in ((2, 8, 64, 1, False), (2, 16, 128, 1, False), (3, 8, 192, 2, True),
-                                                (2, 5, 100, 1, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True)):
+                                                (2, 5, 100, 1, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
+                                                (3, 8, 300, 4, True), (2, 16, 2048, 8, True)):
             q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
             slots = torch.randint(0, 4096, (batch, k), device="cuda", generator=gen, dtype=torch.int32)
             if padded:  # padding slots, and a request with nothing selected

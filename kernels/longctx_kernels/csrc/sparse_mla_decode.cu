@@ -222,13 +222,14 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
       const uint4 hi1 = *reinterpret_cast<const uint4*>(row1 + 128 * w + 32 * t + 16);
       const unsigned words0[8] = {lo0.x, lo0.y, lo0.z, lo0.w, hi0.x, hi0.y, hi0.z, hi0.w};
       const unsigned words1[8] = {lo1.x, lo1.y, lo1.z, lo1.w, hi1.x, hi1.y, hi1.z, hi1.w};
-      float acc[kHeadTiles][4] = {}, rope_acc[kHeadTiles][4] = {};
+      // Two accumulator chains (even and odd k-steps): dependent MMAs wait out each other's latency.
+      float acc[2][kHeadTiles][4] = {}, rope_acc[kHeadTiles][4] = {};
       #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const unsigned a0 = e4m3x2_lo(words0[k]), a1 = e4m3x2_lo(words1[k]);
         const unsigned a2 = e4m3x2_hi(words0[k]), a3 = e4m3x2_hi(words1[k]);
-        mma_f16(acc[0], a0, a1, a2, a3, q_lo[2 * k], q_lo[2 * k + 1]);
-        if (kHeadTiles == 2) mma_f16(acc[kHeadTiles - 1], a0, a1, a2, a3, q_hi[2 * k], q_hi[2 * k + 1]);
+        mma_f16(acc[k & 1][0], a0, a1, a2, a3, q_lo[2 * k], q_lo[2 * k + 1]);
+        if (kHeadTiles == 2) mma_f16(acc[k & 1][kHeadTiles - 1], a0, a1, a2, a3, q_hi[2 * k], q_hi[2 * k + 1]);
       }
       const unsigned r0 = *reinterpret_cast<const unsigned*>(row0 + kRopeOffset + 32 * w + 4 * t);
       const unsigned r1 = *reinterpret_cast<const unsigned*>(row1 + kRopeOffset + 32 * w + 4 * t);
@@ -241,10 +242,10 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
       #pragma unroll
       for (int r = 0; r < kHeadTiles; ++r) {
         float* head0 = mine + (8 * r + 2 * t) * kPartialStride + 16 * m + g;
-        head0[0] = acc[r][0] * scale0 + rope_acc[r][0];
-        head0[kPartialStride] = acc[r][1] * scale0 + rope_acc[r][1];
-        head0[8] = acc[r][2] * scale1 + rope_acc[r][2];
-        head0[kPartialStride + 8] = acc[r][3] * scale1 + rope_acc[r][3];
+        head0[0] = (acc[0][r][0] + acc[1][r][0]) * scale0 + rope_acc[r][0];
+        head0[kPartialStride] = (acc[0][r][1] + acc[1][r][1]) * scale0 + rope_acc[r][1];
+        head0[8] = (acc[0][r][2] + acc[1][r][2]) * scale1 + rope_acc[r][2];
+        head0[kPartialStride + 8] = (acc[0][r][3] + acc[1][r][3]) * scale1 + rope_acc[r][3];
       }
     }
     __syncthreads();
