@@ -4,13 +4,17 @@ the source (P.V; then S's MMAs; then everything but the row copies, the mbarrier
 barrier), and the merge alone. The last cut is the row gather's own time, the ceiling the whole
 kernel can reach.
 
-    PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py
+    PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py [--slots random|consecutive|shared]
+
+--slots: each request's 2048 rows spread over its 64K-token context (what decode does), its first
+2048 rows, or the same 2048 rows for every request (1.3 MB, resident in L2: the copies' own speed).
 
 Cut kernels compute nothing useful; only their times mean something (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -30,6 +34,9 @@ LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slots", choices=("random", "consecutive", "shared"), default="random")
+    pattern = parser.parse_args().slots
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch, ctx, topk, heads = 64, 65536, 2048, 8
     rows = batch * ctx
@@ -37,10 +44,16 @@ def main() -> None:
     for s in range(0, rows, 1 << 20):
         cache[s:s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, rows - s), 576, device="cuda", generator=gen))
     cache = cache.reshape(rows // 64, 64, 656)
-    slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int()
+    if pattern == "random":
+        slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)])
+    elif pattern == "consecutive":
+        slots = torch.arange(batch, device="cuda")[:, None] * ctx + torch.arange(topk, device="cuda")[None]
+    else:
+        slots = torch.arange(topk, device="cuda")[None].repeat(batch, 1)
+    slots = slots.int().contiguous()
     q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
     floor_us = batch * topk * 656 / measure.hbm_copy_bandwidth() * 1e6
-    print(f"rows {batch * topk * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
+    print(f"{pattern} slots: rows {batch * topk * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
 
     merge = sparse_mla._merge_slices
     for splits in sorted({layout["num_splits"] for layout in LAYOUTS}):
