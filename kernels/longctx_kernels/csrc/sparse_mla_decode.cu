@@ -49,7 +49,7 @@ constexpr int kTokenTiles = kTile / 8;     // n8 token tiles of S
 constexpr int kChunks = kTile / 16;        // k16 token chunks of P.V
 constexpr int kRowBytes = 656;             // 41 x 16 B: rows are 16-B aligned, one bank unit apart
 constexpr int kScaleOffset = 512, kRopeOffset = 528;
-constexpr int kPartialStride = kTile + 8;  // floats a head: float2 stores hit distinct banks
+constexpr int kPartialStride = kTile + 8;  // floats a head: the float2 reads hit distinct banks
 #define kInf __int_as_float(0x7f800000)
 
 static_assert(kTile % 16 == 0 && kTile <= 64, "tiles of 16-token chunks, at most 64 rows");
@@ -153,8 +153,8 @@ __device__ __forceinline__ void issue_tile(Shared& sh, const unsigned char* __re
 
 extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM)
 sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache,
-                         const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
-                         int B, int H, int K, int k_per_split, float qk_scale_log2) {
+                  const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
+                  int B, int H, int K, int k_per_split, float qk_scale_log2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
