@@ -29,7 +29,7 @@ NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
 NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
 CUTS = {"whole kernel": [], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
         "row copies and waits only": [NO_PV, NO_S]}
-LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits=8, tile=32, stages=2, ctas_per_sm=4),
+LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits=6, tile=32, stages=3, ctas_per_sm=3),
            dict(num_splits=4, tile=64, stages=2, ctas_per_sm=2), dict(num_splits=2, tile=64, stages=3, ctas_per_sm=1)]
 
 

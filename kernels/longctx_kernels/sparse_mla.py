@@ -304,8 +304,8 @@ def sparse_mla_decode_cuda(
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
     :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
-    partials). A CTA of 4 warps, one per latent group, streams `tile` (32 or 64) rows a step
-    through a ring of `stages`; `ctas_per_sm` is the register budget's target (__launch_bounds__).
+    partials). A CTA of 4 warps, one per latent group, and a producer warp streams `tile` (32 or
+    64) rows a step through a ring of `stages`; `ctas_per_sm` is the register budget's target (__launch_bounds__).
     The defaults were the best at B=64, K=2048 on an H200, for 8 and 16 heads (docs/benchmarks.md)."""
     from .cuda_module import load
 
@@ -319,11 +319,11 @@ def sparse_mla_decode_cuda(
     num_splits = triton.cdiv(k, k_per_split)
     assert tile in (32, 64) and stages >= 2
     defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2),
-               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_SPLIT_CAP", k_per_split))
+               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm))
     kernel = load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
     part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, 1), 128, [
+    kernel.launch((num_splits, batch, 1), 160, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
         (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)

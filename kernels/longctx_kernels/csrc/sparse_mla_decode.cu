@@ -4,7 +4,7 @@
 // 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
 // [B, K] (-1 = none) -> out [S, B, H, 512] bf16 and lse [S, B, H] fp32 (base e) per top-k slice.
 //
-// CTA = 4 warps = one (top-k slice, request). Warp w owns latent group w (bytes 128w..128w+127
+// CTA = 4 consumer warps + 1 producer warp = one (top-k slice, request). Consumer w owns latent group w (bytes 128w..128w+127
 // of every row), for both products, so q's fragments for S stay in registers and the output
 // accumulators are 128 dims x heads a warp:
 //   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with tokens as
@@ -16,8 +16,9 @@
 //   O^T_w += V8_w^T (P s_w / s_ref)^T, latent dims as M: one byte permute per token pair turns
 //     two raw rows into the A fragment (each m-tile takes the dim pair 16g + 2j, +1).
 // e4m3 -> fp16 is exact (one cvt per pair); q and P are fp16 too, the rope bf16.
-// Rows arrive by 16-B cp.async copies into a ring of SPARSE_MLA_STAGES tiles, completing on
-// mbarriers; a stage is refilled as soon as the tile's barrier shows every warp is done with it.
+// A fifth warp, the producer, streams the rows by 16-B cp.async copies into a ring of
+// SPARSE_MLA_STAGES tiles: a stage is "full" (mbarrier) once its rows and slots have landed, and
+// refilled as soon as the four consumer warps have arrived on its "empty" mbarrier.
 
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
@@ -35,16 +36,12 @@ namespace {
 #ifndef SPARSE_MLA_CTAS_PER_SM
 #define SPARSE_MLA_CTAS_PER_SM 3
 #endif
-#ifndef SPARSE_MLA_SPLIT_CAP
-#define SPARSE_MLA_SPLIT_CAP 512
-#endif
-constexpr int kWarps = 4;                  // one per latent group
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = 4;                  // consumers, one per latent group
+constexpr int kThreads = 32 * (kWarps + 1);  // and one producer warp
 constexpr int kTile = SPARSE_MLA_TILE;     // rows a stage: 32 or 64
 constexpr int kStages = SPARSE_MLA_STAGES;
 constexpr int kHeadTiles = SPARSE_MLA_HEAD_TILES;  // n8 head tiles of P.V: 1 (H <= 8) or 2 (H <= 16)
 constexpr int kHeads = 8 * kHeadTiles;
-constexpr int kSplitCap = SPARSE_MLA_SPLIT_CAP;    // top-k slots a CTA takes, at most
 constexpr int kTokenTiles = kTile / 8;     // n8 token tiles of S
 constexpr int kChunks = kTile / 16;        // k16 token chunks of P.V
 constexpr int kRowBytes = 656;             // 41 x 16 B: rows are 16-B aligned, one bank unit apart
@@ -57,8 +54,9 @@ static_assert(kTile % 16 == 0 && kTile <= 64, "tiles of 16-token chunks, at most
 struct Shared {
   unsigned char rows[kStages][kTile * kRowBytes];
   float partial[2][kWarps][kHeads * kPartialStride];  // S partials of tiles i and i + 1
-  int slots[kSplitCap];
-  unsigned long long full[kStages];  // mbarriers: the stage's rows have landed
+  int slots[kStages][kTile];          // the stage's top-k slots (-1 = none)
+  unsigned long long full[kStages];   // mbarriers: the stage's rows and slots have landed
+  unsigned long long empty[kStages];  // mbarriers: the consumer warps are done with the stage
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -133,20 +131,45 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   } while (!done);
 }
 
-// The rows of tile `tile` into its stage with 16-B cp.async copies: warp w copies rows w, w + 4,
-// ..., lane c chunks c and c + 32 of each (41 a row); a missing row copies row 0, masked by its
-// slot later. Each thread's copies then arrive on the stage's mbarrier (kThreads arrivals).
-__device__ __forceinline__ void issue_tile(Shared& sh, const unsigned char* __restrict__ cache, int tile, int w,
-                                           int lane) {
-  const int stage = tile % kStages;
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// The producer warp: tile after tile into the ring, each as soon as the consumers have freed its
+// stage. Lane l holds the slots of rows l (and l + 32) of a tile, read one tile ahead; a row is 41
+// 16-B cp.async copies, lane l taking chunks l and l + 32; a missing row copies row 0 (its slot,
+// -1, masks it). The stage's full barrier takes 32 arrivals when the lanes' copies land and 32
+// when their slots are stored.
+__device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
+                                        const int* __restrict__ slots, int count, int n_tiles, int lane) {
+  constexpr int kSlotsPerLane = kTile / 32;
+  int next[kSlotsPerLane];
   #pragma unroll
-  for (int r = w; r < kTile; r += kWarps) {
-    const unsigned char* src = cache + (long long)max(sh.slots[tile * kTile + r], 0) * kRowBytes;
-    unsigned char* dst = sh.rows[stage] + r * kRowBytes;
-    copy16(dst + 16 * lane, src + 16 * lane);
-    if (lane < kRowBytes / 16 - 32) copy16(dst + 16 * (lane + 32), src + 16 * (lane + 32));
+  for (int u = 0; u < kSlotsPerLane; ++u) next[u] = 32 * u + lane < count ? __ldg(slots + 32 * u + lane) : -1;
+  for (int j = 0; j < n_tiles; ++j) {
+    int cur[kSlotsPerLane];
+    #pragma unroll
+    for (int u = 0; u < kSlotsPerLane; ++u) {
+      cur[u] = next[u];
+      const int k = (j + 1) * kTile + 32 * u + lane;
+      next[u] = k < count ? __ldg(slots + k) : -1;
+    }
+    const int stage = j % kStages;
+    if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);
+    #pragma unroll 4
+    for (int r = 0; r < kTile; ++r) {
+      const int slot = __shfl_sync(0xffffffffu, r < 32 ? cur[0] : cur[kSlotsPerLane - 1], r % 32);
+      const unsigned char* src = cache + (long long)max(slot, 0) * kRowBytes;
+      unsigned char* dst = sh.rows[stage] + r * kRowBytes;
+      copy16(dst + 16 * lane, src + 16 * lane);
+      if (lane < kRowBytes / 16 - 32) copy16(dst + 16 * (lane + 32), src + 16 * (lane + 32));
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
+    #pragma unroll
+    for (int u = 0; u < kSlotsPerLane; ++u) sh.slots[stage][32 * u + lane] = cur[u];
+    mbar_arrive(&sh.full[stage]);
   }
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 }  // namespace
@@ -164,10 +187,15 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   const int k_count = min(k_per_split, K - k_begin);
   const int n_tiles = (k_count + kTile - 1) / kTile;
 
-  for (int i = tid; i < n_tiles * kTile; i += kThreads) sh.slots[i] = i < k_count ? topk[(long long)b * K + k_begin + i] : -1;
-  if (tid < kStages) mbar_init(&sh.full[tid], kThreads);
+  if (tid < kStages) {
+    mbar_init(&sh.full[tid], 64);
+    mbar_init(&sh.empty[tid], kWarps);
+  }
   __syncthreads();
-  for (int i = 0; i < kStages - 1 && i < n_tiles; ++i) issue_tile(sh, cache, i, w, lane);
+  if (w == kWarps) {
+    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane);
+    return;
+  }
 
   // q's B fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
   // k-step s, logical rows (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
@@ -248,9 +276,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
         head0[kPartialStride + 8] = (acc[0][r][3] + acc[1][r][3]) * scale1 + rope_acc[r][3];
       }
     }
-    __syncthreads();
-    // Every warp is done with tile i - 1: its stage takes tile i + kStages - 1.
-    if (i + kStages - 1 < n_tiles) issue_tile(sh, cache, i + kStages - 1, w, lane);
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWarps) : "memory");  // the consumers' partials are in
 
     // The whole S (the four partials in a fixed order), masked and in log2 units, in the layout of
     // P's B fragment: s[n][0..1] head g, tokens 8n + 2t, +1; [2..3] head g + 8. scale: their s_w.
@@ -258,7 +284,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
     float tile_max[2] = {-kInf, -kInf};
     #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
-      const int2 slot = *reinterpret_cast<const int2*>(sh.slots + i * kTile + 8 * n + 2 * t);
+      const int2 slot = *reinterpret_cast<const int2*>(sh.slots[stage] + 8 * n + 2 * t);
       const unsigned char* tok = rows + (8 * n + 2 * t) * kRowBytes + kScaleOffset + 4 * w;
       scale[n][0] = *reinterpret_cast<const float*>(tok);
       scale[n][1] = *reinterpret_cast<const float*>(tok + kRowBytes);
@@ -355,6 +381,8 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
         for (int r = 0; r < kHeadTiles; ++r) mma_f16(o[j][r], a0, a1, a2, a3, p_frag[2 * c][r], p_frag[2 * c + 1][r]);
       }
     }
+    __syncwarp();  // every lane's reads of the stage are done
+    if (lane == 0) mbar_arrive(&sh.empty[stage]);
   }
 
   // out = O s_ref / l; lse in base e. A head that saw no valid token: out 0, lse -inf.
