@@ -196,7 +196,7 @@ def _mla_cfgs(heads):
         cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
         cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
         cfgs += [("cuda", s, t, st, c) for t, st, c, splits in ((32, 3, 2, (4, 8)), (64, 2, 2, (4,)), (32, 4, 2, (4,)),
-                                                               (32, 3, 3, (4, 6))) for s in splits]
+                                                               (32, 3, 3, (4,))) for s in splits]
         return cfgs
     return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
 

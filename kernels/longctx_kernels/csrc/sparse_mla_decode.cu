@@ -36,8 +36,12 @@ namespace {
 #ifndef SPARSE_MLA_CTAS_PER_SM
 #define SPARSE_MLA_CTAS_PER_SM 3
 #endif
+#ifndef SPARSE_MLA_PRODUCERS
+#define SPARSE_MLA_PRODUCERS 1
+#endif
 constexpr int kWarps = 4;                  // consumers, one per latent group
-constexpr int kThreads = 32 * (kWarps + 1);  // and one producer warp
+constexpr int kProducers = SPARSE_MLA_PRODUCERS;  // warps copying the rows
+constexpr int kThreads = 32 * (kWarps + kProducers);
 constexpr int kTile = SPARSE_MLA_TILE;     // rows a stage: 32 or 64
 constexpr int kStages = SPARSE_MLA_STAGES;
 constexpr int kHeadTiles = SPARSE_MLA_HEAD_TILES;  // n8 head tiles of P.V: 1 (H <= 8) or 2 (H <= 16)
@@ -141,7 +145,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 // -1, masks it). The stage's full barrier takes 32 arrivals when the lanes' copies land and 32
 // when their slots are stored.
 __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
-                                        const int* __restrict__ slots, int count, int n_tiles, int lane) {
+                                        const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
   constexpr int kSlotsPerLane = kTile / 32;
   int next[kSlotsPerLane];
   #pragma unroll
@@ -157,7 +161,7 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
     const int stage = j % kStages;
     if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);
     #pragma unroll 4
-    for (int r = 0; r < kTile; ++r) {
+    for (int r = producer; r < kTile; r += kProducers) {
       const int slot = __shfl_sync(0xffffffffu, r < 32 ? cur[0] : cur[kSlotsPerLane - 1], r % 32);
       const unsigned char* src = cache + (long long)max(slot, 0) * kRowBytes;
       unsigned char* dst = sh.rows[stage] + r * kRowBytes;
@@ -188,12 +192,12 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   const int n_tiles = (k_count + kTile - 1) / kTile;
 
   if (tid < kStages) {
-    mbar_init(&sh.full[tid], 64);
+    mbar_init(&sh.full[tid], 64 * kProducers);
     mbar_init(&sh.empty[tid], kWarps);
   }
   __syncthreads();
-  if (w == kWarps) {
-    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane);
+  if (w >= kWarps) {
+    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, w - kWarps);
     return;
   }
 
