@@ -4,7 +4,7 @@
 // 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
 // [B, K] (-1 = none) -> out [S, B, H, 512] bf16 and lse [S, B, H] fp32 (base e) per top-k slice.
 //
-// CTA = 4 consumer warps + 1 producer warp = one (top-k slice, request). Consumer w owns latent group w (bytes 128w..128w+127
+// CTA = 4 consumer warps + the producers = one (top-k slice, request). Consumer w owns latent group w (bytes 128w..128w+127
 // of every row), for both products, so q's fragments for S stay in registers and the output
 // accumulators are 128 dims x heads a warp:
 //   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with tokens as
@@ -16,9 +16,9 @@
 //   O^T_w += V8_w^T (P s_w / s_ref)^T, latent dims as M: one byte permute per token pair turns
 //     two raw rows into the A fragment (each m-tile takes the dim pair 16g + 2j, +1).
 // e4m3 -> fp16 is exact (one cvt per pair); q and P are fp16 too, the rope bf16.
-// A fifth warp, the producer, streams the rows by 16-B cp.async copies into a ring of
-// SPARSE_MLA_STAGES tiles: a stage is "full" (mbarrier) once its rows and slots have landed, and
-// refilled as soon as the four consumer warps have arrived on its "empty" mbarrier.
+// SPARSE_MLA_PRODUCERS more warps, the producers, stream the rows by 16-B cp.async copies into a
+// ring of SPARSE_MLA_STAGES tiles: a stage is "full" (mbarrier) once its rows and slots have
+// landed, and refilled as soon as the four consumer warps have arrived on its "empty" mbarrier.
 
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
@@ -139,11 +139,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// The producer warp: tile after tile into the ring, each as soon as the consumers have freed its
-// stage. Lane l holds the slots of rows l (and l + 32) of a tile, read one tile ahead; a row is 41
-// 16-B cp.async copies, lane l taking chunks l and l + 32; a missing row copies row 0 (its slot,
-// -1, masks it). The stage's full barrier takes 32 arrivals when the lanes' copies land and 32
-// when their slots are stored.
+// Producer warp `producer`: tile after tile into the ring, each as soon as the consumers have
+// freed its stage, copying rows producer, producer + kProducers, ... Lane l holds the slots of rows
+// l (and l + 32) of a tile, read one tile ahead; a row is 41 16-B cp.async copies, lane l taking
+// chunks l and l + 32; a missing row copies row 0 (its slot, -1, masks it). The stage's full
+// barrier takes 32 arrivals a producer when the lanes' copies land and 32 when their slots (the
+// same in every producer) are stored.
 __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
                                         const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
   constexpr int kSlotsPerLane = kTile / 32;
