@@ -307,9 +307,10 @@ def sparse_mla_decode_cuda(
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
     :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
-    partials). A CTA of 4 warps, one per latent group, and a producer warp streams `tile` (32 or
-    64) rows a step through a ring of `stages`; `ctas_per_sm` is the register budget's target (__launch_bounds__).
-    The defaults were the best at B=64, K=2048 on an H200, for 8 and 16 heads (docs/benchmarks.md)."""
+    partials). A CTA holds 4 consumer warps, one per latent group, and _PRODUCER_WARPS warps that
+    stream `tile` (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the register
+    budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an H200,
+    for 8 and 16 heads (docs/benchmarks.md)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
