@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 
 from longctx_kernels import cuda_module, measure
+from sparse_mla_cuts import slot_pattern  # tools/ is the script's directory
+
+CTAS_PER_SM = (1, 2, 4)
 
 SOURCE = r"""
 #ifndef DEPTH
@@ -57,26 +60,21 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch, ctx, topk = 64, 65536, 2048
     cache = torch.randint(0, 256, (batch * ctx, 656), dtype=torch.uint8, device="cuda", generator=gen)
-    patterns = {
-        "random": torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]),
-        "consecutive": torch.arange(batch, device="cuda")[:, None] * ctx + torch.arange(topk, device="cuda")[None],
-        "shared": torch.arange(topk, device="cuda")[None].repeat(batch, 1),
-    }
     n = batch * topk
     floor_us = n * 656 / measure.hbm_copy_bandwidth() * 1e6
     print(f"{n} rows, {n * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sink = torch.zeros(64 * sms * 8, dtype=torch.int32, device="cuda")
+    sink = torch.zeros(max(CTAS_PER_SM) * sms * 8, dtype=torch.int32, device="cuda")  # a word a warp
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "gather_rows.cu").write_text(SOURCE)
         cuda_module.CSRC = Path(tmp)
-        for name, slots in patterns.items():
-            slots = slots.int().flatten().contiguous()
+        for name in ("random", "consecutive", "shared"):
+            slots = slot_pattern(name, batch, ctx, topk, gen).flatten()
             results = []
             for depth in (2, 4, 8):
                 kernel = cuda_module.load("gather_rows.cu", "gather_rows", 0, (("DEPTH", depth),))
-                for ctas_per_sm in (1, 2, 4):
+                for ctas_per_sm in CTAS_PER_SM:
                     grid = sms * ctas_per_sm
                     args = [(cache.data_ptr(), ptr), (slots.data_ptr(), ptr), (n, i32), (sink.data_ptr(), ptr)]
                     # The stream is read at each call: a CUDA graph captures on its own.

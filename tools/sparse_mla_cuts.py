@@ -33,6 +33,17 @@ LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits
            dict(num_splits=4, tile=64, stages=2, ctas_per_sm=2), dict(num_splits=2, tile=64, stages=3, ctas_per_sm=1)]
 
 
+def slot_pattern(pattern: str, batch: int, ctx: int, topk: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, topk] int32 cache slots: request b's context is rows [b ctx, (b + 1) ctx)."""
+    if pattern == "random":
+        slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)])
+    elif pattern == "consecutive":
+        slots = torch.arange(batch, device="cuda")[:, None] * ctx + torch.arange(topk, device="cuda")[None]
+    else:  # shared: the same rows for every request
+        slots = torch.arange(topk, device="cuda")[None].repeat(batch, 1)
+    return slots.int().contiguous()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", choices=("random", "consecutive", "shared"), default="random")
@@ -44,13 +55,7 @@ def main() -> None:
     for s in range(0, rows, 1 << 20):
         cache[s:s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, rows - s), 576, device="cuda", generator=gen))
     cache = cache.reshape(rows // 64, 64, 656)
-    if pattern == "random":
-        slots = torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)])
-    elif pattern == "consecutive":
-        slots = torch.arange(batch, device="cuda")[:, None] * ctx + torch.arange(topk, device="cuda")[None]
-    else:
-        slots = torch.arange(topk, device="cuda")[None].repeat(batch, 1)
-    slots = slots.int().contiguous()
+    slots = slot_pattern(pattern, batch, ctx, topk, gen)
     q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
     floor_us = batch * topk * 656 / measure.hbm_copy_bandwidth() * 1e6
     print(f"{pattern} slots: rows {batch * topk * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
