@@ -316,6 +316,7 @@ def sparse_mla_decode_cuda(
     batch, heads, dim = q.shape
     assert dim == LATENT + ROPE and heads <= 16 and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
     assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
+    assert cache.numel() // 16 < 2**32, "the kernel addresses the cache in 16-B units, 32 bits"
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
     k = topk_slots.shape[1]

@@ -131,8 +131,8 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void copy16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+__device__ __forceinline__ void copy16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
@@ -149,13 +149,16 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 
 // Producer warp `producer`: tile after tile into the ring, each as soon as the consumers have
 // freed its stage, copying rows producer, producer + kProducers, ... Lane l holds the slots of rows
-// l (and l + 32) of a tile, read one tile ahead; a row is 41 16-B cp.async copies, lane l taking
-// chunks l and l + 32; a missing row copies row 0 (its slot, -1, masks it). The stage's full
-// barrier takes 32 arrivals a producer when the lanes' copies land and 32 when their slots (the
-// same in every producer) are stored.
+// l (and l + 32) of a tile, read one tile ahead, and their offsets in 16-B units; a row is 41 16-B
+// cp.async copies, lane l taking chunks l and l + 32, at one broadcast and one multiply-add a row
+// (the rows' loop is unrolled, so the shared addresses are immediates); a missing row copies row 0
+// (its slot, -1, masks it). The stage's full barrier takes 32 arrivals a producer when the lanes'
+// copies land and 32 when their slots (the same in every producer) are stored.
 __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
                                         const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
   constexpr int kSlotsPerLane = kTile / 32;
+  static_assert(32 % kProducers == 0, "a producer's rows of the first 32 come before those of the next");
+  const unsigned char* lane_src = cache + 16 * lane;
   int next[kSlotsPerLane];
   #pragma unroll
   for (int u = 0; u < kSlotsPerLane; ++u) next[u] = 32 * u + lane < count ? __ldg(slots + 32 * u + lane) : -1;
@@ -167,15 +170,18 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
       const int k = (j + 1) * kTile + 32 * u + lane;
       next[u] = k < count ? __ldg(slots + k) : -1;
     }
+    unsigned units[kSlotsPerLane];  // the lane's rows' offsets in the cache, in 16-B units
+    #pragma unroll
+    for (int u = 0; u < kSlotsPerLane; ++u) units[u] = static_cast<unsigned>(max(cur[u], 0)) * (kRowBytes / 16);
     const int stage = j % kStages;
     if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);
-    #pragma unroll 4
-    for (int r = producer; r < kTile; r += kProducers) {
-      const int slot = __shfl_sync(0xffffffffu, r < 32 ? cur[0] : cur[kSlotsPerLane - 1], r % 32);
-      const unsigned char* src = cache + (long long)max(slot, 0) * kRowBytes;
-      unsigned char* dst = sh.rows[stage] + r * kRowBytes;
-      copy16(dst + 16 * lane, src + 16 * lane);
-      if (lane < kRowBytes / 16 - 32) copy16(dst + 16 * (lane + 32), src + 16 * (lane + 32));
+    const unsigned dst = smem_addr(sh.rows[stage] + producer * kRowBytes) + 16 * lane;
+    #pragma unroll
+    for (int k = 0; k < kTile / kProducers; ++k) {  // row producer + kProducers k
+      const unsigned unit = __shfl_sync(0xffffffffu, units[k / (32 / kProducers)], (producer + kProducers * k) % 32);
+      const unsigned char* src = lane_src + static_cast<unsigned long long>(unit) * 16;
+      copy16(dst + kProducers * k * kRowBytes, src);
+      if (lane < kRowBytes / 16 - 32) copy16(dst + kProducers * k * kRowBytes + 512, src + 512);
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
     #pragma unroll
