@@ -1,8 +1,9 @@
 """Where the CUDA sparse-MLA kernel's time goes, on one GPU: the kernel alone (the slices' merge
 cut) at B=64, H=8, K=2048 over a 64K-token context, whole and with parts of its loop cut out of
 the source (P.V; then S's MMAs; then everything but the row copies, the mbarrier waits and the
-barrier), and the merge alone. The last cut is the row gather's own time, the ceiling the whole
-kernel can reach.
+barrier), each side alone (the producers not waiting for consumers, the consumers' math not
+waiting for rows), and the merge alone. "Row copies and waits only" is the gather's own time in
+this pipeline, the ceiling the whole kernel can reach.
 
     PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py [--slots random|consecutive|shared]
 
@@ -27,8 +28,16 @@ SOURCE = "sparse_mla_decode.cu"
 NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")
 NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
 NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
+NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);", "")
+NO_FULL_WAIT = ("mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
+PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, w - kWarps);\n    return;\n"
+NO_CONSUMERS = (PRODUCE, PRODUCE + "  }\n  if (n_tiles < (1 << 30)) {\n    return;  // the consumers leave at once\n")
+NO_PRODUCERS = (PRODUCE, "    return;\n")
 CUTS = {"whole kernel": [], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
-        "row copies and waits only": [NO_PV, NO_S]}
+        "row copies and waits only": [NO_PV, NO_S],
+        # The two sides alone: the producers streaming the ring without waiting for consumers, and
+        # the consumers' math on whatever the ring holds, without waiting for producers.
+        "producers alone": [NO_EMPTY_WAIT, NO_CONSUMERS], "consumers' math alone": [NO_EMPTY_WAIT, NO_FULL_WAIT, NO_PRODUCERS]}
 LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits=6, tile=32, stages=3, ctas_per_sm=3),
            dict(num_splits=4, tile=64, stages=2, ctas_per_sm=2), dict(num_splits=2, tile=64, stages=3, ctas_per_sm=1)]
 
