@@ -309,8 +309,9 @@ def sparse_mla_decode_cuda(
     :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
     partials). A CTA holds 4 consumer warps, one per latent group, and _PRODUCER_WARPS warps that
     stream `tile` (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the register
-    budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an H200,
-    for 8 and 16 heads (docs/benchmarks.md)."""
+    budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an H200
+    for 16 heads, and within a microsecond of the best (64-row tiles, 2 stages) for 8
+    (docs/benchmarks.md)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
