@@ -2,10 +2,12 @@
 without spills; their results are checked against the references by benchmarks/kernels_bench.py
 on an H200 (docs/benchmarks.md)."""
 
+import importlib.util
 import os
 import re
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 import triton
@@ -38,6 +40,23 @@ def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(tile, stages, h
     # __launch_bounds__(threads, ctas): at most 65536 / (ctas * threads) registers a thread.
     assert usage["REG"] <= min(255, 65536 // (ctas * 32 * (4 + _PRODUCER_WARPS)))
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0
+
+
+def test_sparse_mla_cuts_still_match_the_kernel_and_compile():
+    """tools/sparse_mla_cuts.py cuts parts out of the kernel's source by text: a cut that stopped
+    matching would otherwise show only on a GPU, as a wrong table."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "sparse_mla_cuts.py"
+    spec = importlib.util.spec_from_file_location("sparse_mla_cuts", path)
+    cuts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cuts)
+    source = (CSRC / cuts.SOURCE).read_text()
+    defines = (("SPARSE_MLA_CTAS_PER_SM", 2), ("SPARSE_MLA_PRODUCERS", _PRODUCER_WARPS))
+    for name, edits in cuts.CUTS.items():
+        text = source
+        for old, new in edits:
+            assert old in text, f"cut {name!r}: {old!r} is no longer in {cuts.SOURCE}"
+            text = text.replace(old, new)
+        compile_cubin(text, "sm_90", defines)
 
 
 def test_compile_errors_carry_the_nvrtc_log():

@@ -157,7 +157,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
                                         const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
   constexpr int kSlotsPerLane = kTile / 32;
-  static_assert(32 % kProducers == 0, "a producer's rows of the first 32 come before those of the next");
+  static_assert(32 % kProducers == 0, "a producer's k-th row is among the tile's first 32 iff k < 32 / kProducers");
   const unsigned char* lane_src = cache + 16 * lane;
   int next[kSlotsPerLane];
   #pragma unroll
