@@ -61,6 +61,12 @@ def _large_logits_at(rows: int, length: int, lens: torch.Tensor, gen: torch.Gene
     return logits
 
 
+def _same_set(row_logits: torch.Tensor, ids: torch.Tensor, ref_ids: torch.Tensor) -> bool:
+    """`ids` are distinct and select the same logits as `ref_ids` (ties in any order)."""
+    return (ids.unique().numel() == ids.numel()
+            and torch.equal(row_logits[ids.long()].sort().values, row_logits[ref_ids.long()].sort().values))
+
+
 def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     rows, length = 6, 70000
     lens = torch.tensor([length, 50000, 2048, 100, 65536, 4097], device="cuda", dtype=torch.int32)
@@ -97,8 +103,7 @@ def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
                 kk = min(n, k)
                 ids = out[b, :kk]
                 ok &= bool((out[b, kk:] == -1).all() and (ids >= 0).all() and (ids < n).all())
-                ok &= ids.unique().numel() == kk
-                ok &= torch.equal(logits[b, ids.long()].sort().values, logits[b, ref[b, :kk].long()].sort().values)
+                ok &= _same_set(logits[b], ids, ref[b, :kk])
             results.append((f"top-k k={k} list_cap={list_cap} ctas/row={ctas}: {name}", ok))
     # Rows of a 1M-token context, with one CTA a row and with the default (16 listing CTAs a row).
     long_lens = torch.tensor([1 << 20, 700001], device="cuda", dtype=torch.int32)
@@ -107,8 +112,7 @@ def topk_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     for ctas in (1, None):
         out = torch.full((2, 2048), -7, dtype=torch.int32, device="cuda")
         radix_topk_cuda(long_logits, long_lens, 2048, out=out, ctas_per_row=ctas)
-        ok = all(torch.equal(long_logits[b, out[b].long()].sort().values, long_logits[b, ref[b].long()].sort().values)
-                 and out[b].unique().numel() == 2048 for b in range(2))
+        ok = all(_same_set(long_logits[b], out[b], ref[b]) for b in range(2))
         results.append((f"top-k k=2048 ctas/row={ctas or 'default'}: rows of 1M and 700,001 logits", ok))
     return results
 
