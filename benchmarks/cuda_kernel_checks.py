@@ -17,10 +17,11 @@ from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_c
 def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     results = []
     cache = pack_fp8_ds_mla_rows(torch.randn(4096, 576, device="cuda", generator=gen) * 2).reshape(64, 64, 656)
-    for tile, stages, ctas in ((64, 2, 2), (32, 3, 2), (32, 4, 2)):
+    # Layouts (tile, stages, teams, producers, CTAs/SM): the default, one team, three teams, 32-row tiles.
+    for tile, stages, teams, producers, ctas in ((64, 3, 2, 2, 1), (32, 3, 1, 2, 2), (32, 6, 3, 1, 1), (32, 4, 2, 4, 1)):
         for batch, heads, k, splits, padded in ((2, 8, 64, 1, False), (2, 16, 128, 1, False), (3, 8, 192, 2, True),
-                                                (2, 5, 100, 1, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
-                                                (3, 8, 300, 4, True), (2, 16, 2048, 8, True)):
+                                                (2, 5, 100, 4, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
+                                                (3, 8, 300, 4, True), (2, 16, 2048, 2, True)):
             q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
             slots = torch.randint(0, 4096, (batch, k), device="cuda", generator=gen, dtype=torch.int32)
             if padded:  # padding slots, and a request with nothing selected
@@ -29,12 +30,13 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
             ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
             out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.full((batch, heads), float("nan"), device="cuda")
-            sparse_mla_decode_cuda(q, cache, slots, 576**-0.5, num_splits=splits, tile=tile, stages=stages,
-                                   ctas_per_sm=ctas, out=out, out_lse=lse)
+            sparse_mla_decode_cuda(q, cache, slots, 576**-0.5, num_splits=splits, tile=tile, stages=stages, teams=teams,
+                                   producers=producers, ctas_per_sm=ctas, out=out, out_lse=lse)
             seen = ~torch.isinf(ref_lse)
             ok = (rel(out, ref) < 1e-2 and rel(lse[seen], ref_lse[seen]) < 1e-5
                   and bool((torch.isinf(lse) == torch.isinf(ref_lse)).all()))
-            results.append((f"sparse MLA tile={tile} stages={stages} ctas={ctas} B={batch} H={heads} K={k} "
+            results.append((f"sparse MLA tile={tile} stages={stages} teams={teams} producers={producers} ctas={ctas} "
+                            f"B={batch} H={heads} K={k} "
                             f"splits={splits} padded={padded}: err {rel(out, ref):.1e}", ok))
     return results
 

@@ -195,16 +195,17 @@ def _mla_cfgs(heads):
     if heads == 8:
         cfgs = [(16, 4, 4, 2, 16, 1, True, False), (16, 4, 4, 2, 16, 1, True, True)]
         cfgs += [(16, s, 8, st, bk, 1, True, True) for s in (2, 3, 4) for st in (1, 2) for bk in (32, 64)]
-        cfgs += [("cuda", s, t, st, c) for t, st, c, splits in ((32, 3, 2, (4, 8)), (64, 2, 2, (4,)), (32, 4, 2, (4,)),
-                                                               (32, 3, 3, (4,))) for s in splits]
+        # CUDA: (splits, tile, stages, teams, producers, CTAs/SM); the default first.
+        cfgs += [("cuda", 2, 64, 3, 2, 2, 1), ("cuda", 2, 32, 6, 2, 2, 1), ("cuda", 2, 64, 3, 3, 2, 1),
+                 ("cuda", 2, 64, 3, 2, 1, 1), ("cuda", 4, 32, 3, 1, 2, 2)]
         return cfgs
     return [(64, 2, 8, 3, 64, 1, False, False), (64, 2, 8, 3, 64, 1, False, True)]
 
 
 def _mla_name(cfg):
     if cfg[0] == "cuda":
-        return (f"CUDA kernel (csrc/sparse_mla_decode.cu), {cfg[1]} splits, tile {cfg[2]}, {cfg[3]} stages, "
-                f"{cfg[4]} CTAs/SM")
+        return (f"CUDA kernel (csrc/sparse_mla_decode.cu), {cfg[1]} splits (one cluster), tile {cfg[2]}, "
+                f"{cfg[3]} stages, {cfg[4]} teams, {cfg[5]} producers, {cfg[6]} CTAs/SM")
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return (f"block_h {bh}, {s} splits, {nw} warps, {st} stages, block_k {bk}, {nc} column slices, prefetch {pf}, "
             f"{'fp16' if f16 else 'bf16'} MMA")
@@ -213,7 +214,7 @@ def _mla_name(cfg):
 def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
     if cfg[0] == "cuda":
         return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], tile=cfg[2], stages=cfg[3],
-                                      ctas_per_sm=cfg[4], out=out)
+                                      teams=cfg[4], producers=cfg[5], ctas_per_sm=cfg[6], out=out)
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,
                              block_k=bk, partial_dtype=torch.bfloat16, out=out, num_col_splits=nc, prefetch=pf,
@@ -295,7 +296,7 @@ def bench_sparse_mla(gen):
         before = f"; third round's kernel and config in the same run: {base[0]*1e3:.1f} us" if base else ""
         row("sparse_mla_decode (fp8 KV)", f"B={batch} H={heads} K={topk} ctx=64K", ms, bytes_,
             2176 * batch * heads * topk, check=f"err {err:.1e}",
-            note=f"{_mla_name(cfg)}, bf16 partials{before}")
+            note=f"{_mla_name(cfg)}{'' if cfg[0] == 'cuda' else ', bf16 partials'}{before}")
         # Diagnostic: the same work with each request's slots sorted (gather locality only changes).
         sorted_slots = slots.sort(dim=1).values
         ms_sorted = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, sorted_slots, sm_scale))

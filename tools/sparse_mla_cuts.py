@@ -1,9 +1,9 @@
-"""Where the CUDA sparse-MLA kernel's time goes, on one GPU: the kernel alone (the slices' merge
-cut) at B=64, H=8, K=2048 over a 64K-token context, whole and with parts of its loop cut out of
-the source (P.V; then S's MMAs; then everything but the row copies, the mbarrier waits and the
-barrier), each side alone (the producers not waiting for consumers, the consumers' math not
-waiting for rows), and the merge alone. "Row copies and waits only" is the gather's own time in
-this pipeline, the ceiling the whole kernel can reach.
+"""Where the CUDA sparse-MLA kernel's time goes, on one GPU, at B=64, H=8, K=2048 over a 64K-token
+context: whole and with parts cut out of its source (P.V; then S's MMAs; then everything but the
+row copies, the mbarrier waits and the barriers; the cluster's merge of the parts), and each side
+alone (the producers not waiting for consumers, the consumers' math not waiting for rows). "Row
+copies and waits only" is the gather's own time in this pipeline, the ceiling the whole kernel
+can reach.
 
     PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py [--slots random|consecutive|shared]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from longctx_kernels import cuda_module, measure, sparse_mla
+from longctx_kernels import cuda_module, measure
 from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda
 
 SOURCE = "sparse_mla_decode.cu"
@@ -30,16 +30,20 @@ NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
 NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
 NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);", "")
 NO_FULL_WAIT = ("mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
-PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, w - kWarps);\n    return;\n"
-NO_CONSUMERS = (PRODUCE, PRODUCE + "  }\n  if (n_tiles < (1 << 30)) {\n    return;  // the consumers leave at once\n")
-NO_PRODUCERS = (PRODUCE, "    return;\n")
-CUTS = {"whole kernel": [], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
+PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);\n"
+PRODUCERS_MERGE = ("    cluster_sync();  // every CTA of the cluster is done with its ring\n    cluster_sync();  // every part is in\n"
+                   "    merge_parts(sh, out, out_lse, b, H, split, tid);\n")
+NO_CONSUMERS = (PRODUCE + PRODUCERS_MERGE + "    return;\n  }\n",
+                PRODUCE + "    return;\n  }\n  if (n_tiles < (1 << 30)) return;  // the consumers leave at once\n")
+NO_PRODUCERS = (PRODUCE, "")
+NO_MERGE = ("  merge_parts(sh, out, out_lse, b, H, split, tid);\n}", "}")
+CUTS = {"whole kernel": [], "no merge": [NO_MERGE], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
         "row copies and waits only": [NO_PV, NO_S],
         # The two sides alone: the producers streaming the ring without waiting for consumers, and
         # the consumers' math on whatever the ring holds, without waiting for producers.
         "producers alone": [NO_EMPTY_WAIT, NO_CONSUMERS], "consumers' math alone": [NO_EMPTY_WAIT, NO_FULL_WAIT, NO_PRODUCERS]}
-LAYOUTS = [dict(num_splits=4, tile=32, stages=3, ctas_per_sm=2), dict(num_splits=6, tile=32, stages=3, ctas_per_sm=3),
-           dict(num_splits=4, tile=64, stages=2, ctas_per_sm=2), dict(num_splits=2, tile=64, stages=3, ctas_per_sm=1)]
+# The default; 32-row tiles; one team a CTA, 4 slices at 2 CTAs/SM (the eighth round's layout).
+LAYOUTS = [dict(), dict(tile=32, stages=6), dict(num_splits=4, teams=1, tile=32, stages=3, ctas_per_sm=2)]
 
 
 def slot_pattern(pattern: str, batch: int, ctx: int, topk: int, gen: torch.Generator) -> torch.Tensor:
@@ -69,15 +73,10 @@ def main() -> None:
     floor_us = batch * topk * 656 / measure.hbm_copy_bandwidth() * 1e6
     print(f"{pattern} slots: rows {batch * topk * 656 / 1e6:.1f} MB; HBM floor (copy bandwidth) {floor_us:.1f} us")
 
-    merge = sparse_mla._merge_slices
-    for splits in sorted({layout["num_splits"] for layout in LAYOUTS}):
-        part = torch.randn(splits, batch, heads, 512, device="cuda").bfloat16()
-        lse = torch.randn(splits, batch, heads, device="cuda")
-        ms = measure.graph_median_ms(lambda: merge(splits, part, lse, None, None))
-        print(f"merge of {splits} slices alone: {ms * 1e3:.1f} us")
-
+    # The process's first timings run ~2.5 us slow (clocks ramping): warm the GPU up first.
+    for _ in range(3):
+        measure.graph_median_ms(lambda: sparse_mla_decode_cuda(q, cache, slots, 576**-0.5), iters=50)
     source = (cuda_module.CSRC / SOURCE).read_text()
-    sparse_mla._merge_slices = lambda splits, part, part_lse, out, out_lse: (part, part_lse)
     with tempfile.TemporaryDirectory() as tmp:
         for name, edits in CUTS.items():
             text = source

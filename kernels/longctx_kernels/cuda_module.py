@@ -70,6 +70,10 @@ def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[st
         ptr, size = _check(driver.cuModuleGetGlobal(module, f"{name}_shared_bytes".encode()))
         shared = ctypes.c_int()
         _check(driver.cuMemcpyDtoH(ctypes.addressof(shared), ptr, size))
+        limit = torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+        if shared.value > limit:
+            raise CudaError(f"{name} with {dict(defines)} needs {shared.value} B of shared memory a CTA; "
+                            f"this GPU allows {limit} B: choose fewer stages or a smaller tile")
         _check(driver.cuFuncSetAttribute(
             function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared.value))
     return Kernel(function, shared.value)

@@ -289,48 +289,51 @@ def _merge_slices(num_splits, part, part_lse, out, out_lse) -> tuple[torch.Tenso
     return lse_merge(part, part_lse, out_dtype=torch.bfloat16, out=out, out_lse=out_lse, block_h=1)
 
 
-_PRODUCER_WARPS = 2  # of the CUDA kernel: warps that copy the rows, beside its 4 consumer warps (1: +2.6 us)
-
-
 def sparse_mla_decode_cuda(
     q: torch.Tensor,
     cache: torch.Tensor,
     topk_slots: torch.Tensor,
     sm_scale: float,
-    num_splits: int = 4,
+    num_splits: int = 2,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
-    tile: int = 32,
-    stages: int = 3,
-    ctas_per_sm: int = 2,
+    tile: int | None = None,
+    stages: int | None = None,
+    teams: int = 2,
+    producers: int = 2,
+    ctas_per_sm: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
-    e4m3 -> fp16 conversion is an Ada/Hopper instruction): same contract as
-    :func:`sparse_mla_decode`; slices of the top-k list are merged by :func:`lse_merge` (bf16
-    partials). A CTA holds 4 consumer warps, one per latent group, and _PRODUCER_WARPS warps that
-    stream `tile` (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the register
-    budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an H200
-    for 16 heads, and within a microsecond of the best (64-row tiles, 2 stages) for 8
-    (docs/benchmarks.md)."""
+    e4m3 -> fp16 conversion is an Ada/Hopper instruction, its merge a Hopper cluster): same
+    contract as :func:`sparse_mla_decode`. A request's top-k list is cut into `num_splits` (1, 2 or
+    4) slices, one CTA each; the CTAs of a request are one thread-block cluster and merge their
+    outputs through distributed shared memory, so there is no second kernel. A CTA holds `teams`
+    teams of 4 consumer warps (one per latent group), which take the slice's tiles in turn, and
+    `producers` warps that stream `tile` (32 or 64) rows a step into a ring of `stages`;
+    `ctas_per_sm` is the register budget's target (__launch_bounds__). The defaults were the best
+    at B=64, K=2048 on an H200 (docs/benchmarks.md): 64-row tiles in 3 stages for up to 8 heads,
+    32-row tiles in 6 stages for 16 (with 64 rows, 16 heads spill)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
     assert dim == LATENT + ROPE and heads <= 16 and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
     assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
     assert cache.numel() // 16 < 2**32, "the kernel addresses the cache in 16-B units, 32 bits"
+    tile = tile or (64 if heads <= 8 else 32)
+    stages = stages or (3 if tile == 64 else 6)
+    assert num_splits in (1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
     k = topk_slots.shape[1]
-    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64
-    num_splits = triton.cdiv(k, k_per_split)
-    assert tile in (32, 64) and stages >= 2
+    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64  # trailing slices may be empty
     defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2),
-               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_PRODUCERS", _PRODUCER_WARPS))
+               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_PRODUCERS", producers),
+               ("SPARSE_MLA_SPLITS", num_splits), ("SPARSE_MLA_TEAMS", teams))
     kernel = load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
-    part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
+    out, out_lse = _slice_outputs(q, 1, torch.bfloat16, out, out_lse)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, 1), 32 * (4 + _PRODUCER_WARPS), [
-        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
-        (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
+    kernel.launch((num_splits, batch, 1), 32 * (4 * teams + producers), [
+        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
+        (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
-    return _merge_slices(num_splits, part, part_lse, out, out_lse)
+    return out, out_lse

@@ -13,7 +13,6 @@ import pytest
 import triton
 
 from longctx_kernels.cuda_module import CSRC, CudaError, compile_cubin
-from longctx_kernels.sparse_mla import _PRODUCER_WARPS
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -31,14 +30,20 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
-@pytest.mark.parametrize("tile,stages,head_tiles,ctas", [(32, 3, 1, 2), (64, 2, 1, 2), (32, 3, 2, 2), (32, 4, 1, 2)])
-def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(tile, stages, head_tiles, ctas):
+# (tile, stages, teams, producers, CTAs/SM, head tiles): the defaults for 8 and for 16 heads, one
+# team at 2 CTAs/SM, three teams, four producers; clusters of 1, 2 and 4 slices.
+@pytest.mark.parametrize("tile,stages,teams,producers,ctas,head_tiles",
+                         [(64, 3, 2, 2, 1, 1), (32, 6, 2, 2, 1, 2), (32, 3, 1, 2, 2, 1), (32, 3, 1, 2, 2, 2),
+                          (32, 6, 3, 1, 1, 1), (32, 4, 2, 4, 1, 1), (32, 4, 2, 4, 1, 2)])
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(tile, stages, teams, producers, ctas, head_tiles, splits):
     source = (CSRC / "sparse_mla_decode.cu").read_text()
     defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", head_tiles),
-               ("SPARSE_MLA_CTAS_PER_SM", ctas), ("SPARSE_MLA_PRODUCERS", _PRODUCER_WARPS))
+               ("SPARSE_MLA_CTAS_PER_SM", ctas), ("SPARSE_MLA_PRODUCERS", producers), ("SPARSE_MLA_SPLITS", splits),
+               ("SPARSE_MLA_TEAMS", teams))
     usage = resource_usage(compile_cubin(source, "sm_90", defines))
     # __launch_bounds__(threads, ctas): at most 65536 / (ctas * threads) registers a thread.
-    assert usage["REG"] <= min(255, 65536 // (ctas * 32 * (4 + _PRODUCER_WARPS)))
+    assert usage["REG"] <= min(255, 65536 // (ctas * 32 * (4 * teams + producers)))
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0
 
 
@@ -50,13 +55,12 @@ def test_sparse_mla_cuts_still_match_the_kernel_and_compile():
     cuts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cuts)
     source = (CSRC / cuts.SOURCE).read_text()
-    defines = (("SPARSE_MLA_CTAS_PER_SM", 2), ("SPARSE_MLA_PRODUCERS", _PRODUCER_WARPS))
     for name, edits in cuts.CUTS.items():
         text = source
         for old, new in edits:
             assert old in text, f"cut {name!r}: {old!r} is no longer in {cuts.SOURCE}"
             text = text.replace(old, new)
-        compile_cubin(text, "sm_90", defines)
+        compile_cubin(text, "sm_90")
 
 
 def test_compile_errors_carry_the_nvrtc_log():

@@ -2,11 +2,12 @@
 //
 // Same contract as sparse_mla.sparse_mla_decode_reference: q [B, H, 576] bf16, a cache of
 // 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
-// [B, K] (-1 = none) -> out [S, B, H, 512] bf16 and lse [S, B, H] fp32 (base e) per top-k slice.
+// [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e).
 //
-// CTA = 4 consumer warps + the producers = one (top-k slice, request). Consumer w owns latent group w (bytes 128w..128w+127
-// of every row), for both products, so q's fragments for S stay in registers and the output
-// accumulators are 128 dims x heads a warp:
+// CTA = one (top-k slice, request): SPARSE_MLA_TEAMS teams of 4 consumer warps, which take the
+// slice's tiles in turn, and the producers. Consumer w of a team owns latent group w (bytes
+// 128w..128w+127 of every row), for both products, so q's fragments for S stay in registers and
+// the output accumulators are 128 dims x heads a warp:
 //   S partial_w = s_w(t) (q_w . k8_w) + q_rope[16w, 16w+16) . rope[16w, 16w+16), with tokens as
 //     the MMA's M and heads as N: each thread's 4 bytes of a row per k-step are its A fragment's
 //     halves, for a permuted order of the k-step's 16 dims that q's B fragments follow too;
@@ -18,7 +19,11 @@
 // e4m3 -> fp16 is exact (one cvt per pair); q and P are fp16 too, the rope bf16.
 // SPARSE_MLA_PRODUCERS more warps, the producers, stream the rows by 16-B cp.async copies into a
 // ring of SPARSE_MLA_STAGES tiles: a stage is "full" (mbarrier) once its rows and slots have
-// landed, and refilled as soon as the four consumer warps have arrived on its "empty" mbarrier.
+// landed, and refilled as soon as its team's four consumer warps have arrived on its "empty" mbarrier.
+// A request's SPARSE_MLA_SPLITS slices are one thread-block cluster: at the end every team sends
+// its unnormalized output, max and sum through distributed shared memory to the CTA that merges
+// its latent group, and that CTA writes the final rows. No partials in global memory, no second
+// kernel (the separate merge cost ~3 us at B=64, H=8; docs/benchmarks.md).
 
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
@@ -34,14 +39,22 @@ namespace {
 #define SPARSE_MLA_HEAD_TILES 1
 #endif
 #ifndef SPARSE_MLA_CTAS_PER_SM
-#define SPARSE_MLA_CTAS_PER_SM 3
+#define SPARSE_MLA_CTAS_PER_SM 1
 #endif
 #ifndef SPARSE_MLA_PRODUCERS
-#define SPARSE_MLA_PRODUCERS 1
+#define SPARSE_MLA_PRODUCERS 2
 #endif
-constexpr int kWarps = 4;                  // consumers, one per latent group
+#ifndef SPARSE_MLA_SPLITS
+#define SPARSE_MLA_SPLITS 2
+#endif
+#ifndef SPARSE_MLA_TEAMS
+#define SPARSE_MLA_TEAMS 2
+#endif
+constexpr int kWarps = 4;                  // consumers of a team, one per latent group
+constexpr int kTeams = SPARSE_MLA_TEAMS;   // teams of consumers, taking the ring's tiles in turn
+constexpr int kConsumers = kWarps * kTeams;
 constexpr int kProducers = SPARSE_MLA_PRODUCERS;  // warps copying the rows
-constexpr int kThreads = 32 * (kWarps + kProducers);
+constexpr int kThreads = 32 * (kConsumers + kProducers);
 constexpr int kTile = SPARSE_MLA_TILE;     // rows a stage: 32 or 64
 constexpr int kStages = SPARSE_MLA_STAGES;
 constexpr int kHeadTiles = SPARSE_MLA_HEAD_TILES;  // n8 head tiles of P.V: 1 (H <= 8) or 2 (H <= 16)
@@ -52,16 +65,29 @@ constexpr int kRowBytes = 656;             // 41 x 16 B: rows are 16-B aligned, 
 constexpr int kScaleOffset = 512, kRopeOffset = 528;
 constexpr int kPartialStride = kTile + 8;  // floats a head: the float2 reads hit distinct banks
 #define kInf __int_as_float(0x7f800000)
+constexpr int kSplits = SPARSE_MLA_SPLITS;  // CTAs of a request = the cluster; CTA c merges latent groups c, c + kSplits, ...
+static_assert(4 % kSplits == 0, "each CTA of the cluster merges whole latent groups");
+constexpr int kGroupsMerged = 4 / kSplits;
+constexpr int kParts = kSplits * kTeams;  // partial outputs a request's merge combines
 
 static_assert(kTile % 16 == 0 && kTile <= 64, "tiles of 16-token chunks, at most 64 rows");
 
 struct Shared {
   unsigned char rows[kStages][kTile * kRowBytes];
-  float partial[2][kWarps][kHeads * kPartialStride];  // S partials of tiles i and i + 1
+  float partial[kTeams][2][kWarps][kHeads * kPartialStride];  // a team's S partials of its tiles i and i + 1
   int slots[kStages][kTile];          // the stage's top-k slots (-1 = none)
   unsigned long long full[kStages];   // mbarriers: the stage's rows and slots have landed
   unsigned long long empty[kStages];  // mbarriers: the consumer warps are done with the stage
 };
+
+// The merge's inputs, in the ring's rows once every CTA of the cluster is done with them: for
+// each latent group the CTA merges, every team's unnormalized output (times exp2(-m)), m and l.
+struct MergeIn {
+  float o[kGroupsMerged][kParts][kHeads][128];
+  float m[kGroupsMerged][kParts][kHeads];
+  float l[kGroupsMerged][kParts][kHeads];
+};
+static_assert(sizeof(MergeIn) <= sizeof(Shared::rows), "the merge's inputs fit in the ring");
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -125,6 +151,25 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 
 __device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
   return pack_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned cta) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr(p)), "r"(cta));
+  return out;
+}
+
+__device__ __forceinline__ void cluster_store4(unsigned addr, float a, float b, float c, float d) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+__device__ __forceinline__ void cluster_store(unsigned addr, float a) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
+}
+
+// Every thread of every CTA of the cluster: writes before it are visible to reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
@@ -191,19 +236,53 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// The merge, in CTA `rank` of the cluster: its latent groups of every part (MergeIn) -> out
+// [B, H, 512] bf16 and, in rank 0, lse [B, H] (base e). 8 dims of a head a thread and step.
+__device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __restrict__ out,
+                                             float* __restrict__ out_lse, int b, int H, int rank, int tid) {
+  const MergeIn& in = *reinterpret_cast<const MergeIn*>(sh.rows);
+  constexpr int kItems = kGroupsMerged * kHeads * 16;
+  for (int item = tid; item < kItems; item += kThreads) {
+    const int gl = item / (kHeads * 16), h = item / 16 % kHeads, d = 8 * (item % 16);
+    if (h >= H) continue;
+    float m_max = -kInf, weight[kParts], l = 0.f;
+    #pragma unroll
+    for (int c = 0; c < kParts; ++c) m_max = fmaxf(m_max, in.m[gl][c][h]);
+    #pragma unroll
+    for (int c = 0; c < kParts; ++c) {
+      weight[c] = exp2_approx(in.m[gl][c][h] - m_max);  // a part with no valid token: m = -1e30, l = 0
+      l += weight[c] * in.l[gl][c][h];
+    }
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    float acc[8] = {};
+    #pragma unroll
+    for (int c = 0; c < kParts; ++c) {
+      const float f = weight[c] * inv_l;
+      const float4 lo = *reinterpret_cast<const float4*>(&in.o[gl][c][h][d]);
+      const float4 hi = *reinterpret_cast<const float4*>(&in.o[gl][c][h][d + 4]);
+      acc[0] += f * lo.x; acc[1] += f * lo.y; acc[2] += f * lo.z; acc[3] += f * lo.w;
+      acc[4] += f * hi.x; acc[5] += f * hi.y; acc[6] += f * hi.z; acc[7] += f * hi.w;
+    }
+    *reinterpret_cast<uint4*>(out + ((long long)b * H + h) * 512 + 128 * (rank + kSplits * gl) + d) =
+        make_uint4(pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]),
+                   pack_bf16x2(acc[6], acc[7]));
+    if (rank == 0 && gl == 0 && d == 0) out_lse[(long long)b * H + h] = l > 0.f ? (m_max + log2f(l)) * 0.6931471805599453f : -kInf;
+  }
+}
+
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM)
+extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM) __cluster_dims__(kSplits, 1, 1)
 sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache,
                   const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
                   int B, int H, int K, int k_per_split, float qk_scale_log2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment coordinates: groupID, thread in group
   const int split = blockIdx.x, b = blockIdx.y;
   const int k_begin = split * k_per_split;
-  const int k_count = min(k_per_split, K - k_begin);
+  const int k_count = max(0, min(k_per_split, K - k_begin));
   const int n_tiles = (k_count + kTile - 1) / kTile;
 
   if (tid < kStages) {
@@ -211,10 +290,14 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
     mbar_init(&sh.empty[tid], kWarps);
   }
   __syncthreads();
-  if (w >= kWarps) {
-    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, w - kWarps);
+  if (warp >= kConsumers) {
+    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);
+    cluster_sync();  // every CTA of the cluster is done with its ring
+    cluster_sync();  // every part is in
+    merge_parts(sh, out, out_lse, b, H, split, tid);
     return;
   }
+  const int w = warp % kWarps, team = warp / kWarps;  // latent group w; team takes tiles team, team + kTeams, ...
 
   // q's B fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
   // k-step s, logical rows (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
@@ -251,14 +334,14 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   float m_run[2] = {-1e30f, -1e30f}, l_run[2] = {0.f, 0.f};  // heads g and g + 8
   float s_ref = 0.f, inv_ref = 0.f;  // o holds output / s_ref
 
-  for (int i = 0; i < n_tiles; ++i) {
+  for (int i = team; i < n_tiles; i += kTeams) {
     const int stage = i % kStages;
     mbar_wait(&sh.full[stage], (i / kStages) & 1);
     const unsigned char* rows = sh.rows[stage];
 
     // S partial of group w, tokens as the MMA's M: m-tile m holds tokens 16m + g (c0, c1) and
     // 16m + g + 8 (c2, c3), heads 2t, 2t+1 of head tile r; stored as partial[head][token].
-    float* mine = sh.partial[i & 1][w];
+    float* mine = sh.partial[team][(i / kTeams) & 1][w];
     #pragma unroll
     for (int m = 0; m < kTile / 16; ++m) {
       const unsigned char* row0 = rows + (16 * m + g) * kRowBytes;
@@ -295,7 +378,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
         head0[kPartialStride + 8] = (acc[0][r][3] + acc[1][r][3]) * scale1 + rope_acc[r][3];
       }
     }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWarps) : "memory");  // the consumers' partials are in
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "n"(32 * kWarps) : "memory");  // the team's partials are in
 
     // The whole S (the four partials in a fixed order), masked and in log2 units, in the layout of
     // P's B fragment: s[n][0..1] head g, tokens 8n + 2t, +1; [2..3] head g + 8. scale: their s_w.
@@ -312,7 +395,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
         float2 sum = make_float2(0.f, 0.f);
         #pragma unroll
         for (int v = 0; v < kWarps; ++v) {
-          const float2 p = *reinterpret_cast<const float2*>(sh.partial[i & 1][v] + (g + 8 * r) * kPartialStride + 8 * n + 2 * t);
+          const float2 p = *reinterpret_cast<const float2*>(sh.partial[team][(i / kTeams) & 1][v] + (g + 8 * r) * kPartialStride + 8 * n + 2 * t);
           sum.x += p.x;
           sum.y += p.y;
         }
@@ -404,35 +487,29 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
     if (lane == 0) mbar_arrive(&sh.empty[stage]);
   }
 
-  // out = O s_ref / l; lse in base e. A head that saw no valid token: out 0, lse -inf.
-  const long long row_base = ((long long)split * B + b) * H;
+  // Send: o s_ref (the output unnormalized, relative to exp2(m)), m and l of latent group w to the
+  // CTA that merges it, into its ring, which every CTA of the cluster is done with past this sync.
+  cluster_sync();
+  MergeIn& in = *reinterpret_cast<MergeIn*>(sh.rows);
+  const unsigned merger = w % kSplits;
+  const int gl = w / kSplits, part = split * kTeams + team;
   #pragma unroll
   for (int r = 0; r < kHeadTiles; ++r) {
-    const float l0 = __shfl_sync(0xffffffffu, l_run[r], 8 * t), l1 = __shfl_sync(0xffffffffu, l_run[r], 8 * t + 4);
-    const int h0 = 8 * r + 2 * t, h1 = h0 + 1;
-    const float f0 = l0 > 0.f ? s_ref / l0 : 0.f, f1 = l1 > 0.f ? s_ref / l1 : 0.f;
-    unsigned words0[8], words1[8];  // heads h0, h1: dims 128w + 16g + 2j, +1
+    const int h0 = 8 * r + 2 * t;  // this thread holds dims 16g .. 16g + 15 of heads h0 and h0 + 1
+    const unsigned to0 = cluster_addr(&in.o[gl][part][h0][16 * g], merger);
+    const unsigned to1 = cluster_addr(&in.o[gl][part][h0 + 1][16 * g], merger);
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      words0[j] = pack_bf16x2(o[j][r][0] * f0, o[j][r][2] * f0);
-      words1[j] = pack_bf16x2(o[j][r][1] * f1, o[j][r][3] * f1);
+    for (int j = 0; j < 8; j += 2) {
+      cluster_store4(to0 + 8 * j, o[j][r][0] * s_ref, o[j][r][2] * s_ref, o[j + 1][r][0] * s_ref, o[j + 1][r][2] * s_ref);
+      cluster_store4(to1 + 8 * j, o[j][r][1] * s_ref, o[j][r][3] * s_ref, o[j + 1][r][1] * s_ref, o[j + 1][r][3] * s_ref);
     }
-    // 16 bytes a store (4-byte stores took 0.6 us more at B=64, H=8).
-    unsigned short* dims0 = out + (row_base + h0) * 512 + 128 * w + 16 * g;
-    unsigned short* dims1 = out + (row_base + h1) * 512 + 128 * w + 16 * g;
-    if (h0 < H) {
-      *reinterpret_cast<uint4*>(dims0) = make_uint4(words0[0], words0[1], words0[2], words0[3]);
-      *reinterpret_cast<uint4*>(dims0 + 8) = make_uint4(words0[4], words0[5], words0[6], words0[7]);
-    }
-    if (h1 < H) {
-      *reinterpret_cast<uint4*>(dims1) = make_uint4(words1[0], words1[1], words1[2], words1[3]);
-      *reinterpret_cast<uint4*>(dims1 + 8) = make_uint4(words1[4], words1[5], words1[6], words1[7]);
-    }
-    const int h = g + 8 * r;
-    if (w == 0 && t == 0 && h < H) {
-      out_lse[row_base + h] = l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * 0.6931471805599453f : -kInf;
+    if (t == 0) {
+      cluster_store(cluster_addr(&in.m[gl][part][g + 8 * r], merger), m_run[r]);
+      cluster_store(cluster_addr(&in.l[gl][part][g + 8 * r], merger), l_run[r]);
     }
   }
+  cluster_sync();  // every part is in
+  merge_parts(sh, out, out_lse, b, H, split, tid);
 }
 
 // Dynamic shared memory the kernel needs, read by the launcher (cuModuleGetGlobal).
