@@ -29,7 +29,8 @@ NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")
 NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
 NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
 NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);", "")
-NO_FULL_WAIT = ("mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
+NO_FULL_WAIT = ("    if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);\n"
+                "    mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
 PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);\n"
 PRODUCERS_MERGE = ("    cluster_sync();  // every CTA of the cluster is done with its ring\n    cluster_sync();  // every part is in\n"
                    "    merge_parts(sh, out, out_lse, b, H, split, tid);\n")

@@ -336,6 +336,9 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
 
   for (int i = team; i < n_tiles; i += kTeams) {
     const int stage = i % kStages;
+    // With several teams, the stage's previous tile (i - kStages) may be another team's and still
+    // landing: the full barrier's parity names tile i only once that tile is consumed.
+    if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);
     mbar_wait(&sh.full[stage], (i / kStages) & 1);
     const unsigned char* rows = sh.rows[stage];
 
