@@ -17,8 +17,9 @@ from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_c
 def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     results = []
     cache = pack_fp8_ds_mla_rows(torch.randn(4096, 576, device="cuda", generator=gen) * 2).reshape(64, 64, 656)
-    # Layouts (tile, stages, teams, producers, CTAs/SM): the default, one team, three teams, 32-row tiles.
-    for tile, stages, teams, producers, ctas in ((64, 3, 2, 2, 1), (32, 3, 1, 2, 2), (32, 6, 3, 1, 1), (32, 4, 2, 4, 1)):
+    # Layouts (tile, stages, teams, producers, CTAs/SM): the default (tile and stages by head count),
+    # one team and one producer, one team at 2 CTAs/SM, four producers.
+    for tile, stages, teams, producers, ctas in ((None, None, 2, 2, 1), (64, 3, 1, 1, 1), (32, 3, 1, 2, 2), (32, 5, 2, 4, 1)):
         for batch, heads, k, splits, padded in ((2, 8, 64, 1, False), (2, 16, 128, 1, False), (3, 8, 192, 2, True),
                                                 (2, 5, 100, 4, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
                                                 (3, 8, 300, 4, True), (2, 16, 2048, 2, True)):

@@ -32,7 +32,7 @@ NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1
 NO_FULL_WAIT = ("    if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);\n"
                 "    mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
 PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);\n"
-PRODUCERS_MERGE = ("    cluster_sync();  // every CTA of the cluster is done with its ring\n    cluster_sync();  // every part is in\n"
+PRODUCERS_MERGE = ('    asm volatile("barrier.cluster.wait;\\n" ::: "memory");\n    cluster_sync();  // every part is in\n'
                    "    merge_parts(sh, out, out_lse, b, H, split, tid);\n")
 NO_CONSUMERS = (PRODUCE + PRODUCERS_MERGE + "    return;\n  }\n",
                 PRODUCE + "    return;\n  }\n  if (n_tiles < (1 << 30)) return;  // the consumers leave at once\n")

@@ -312,7 +312,7 @@ def sparse_mla_decode_cuda(
     `producers` warps that stream `tile` (32 or 64) rows a step into a ring of `stages`;
     `ctas_per_sm` is the register budget's target (__launch_bounds__). The defaults were the best
     at B=64, K=2048 on an H200 (docs/benchmarks.md): 64-row tiles in 3 stages for up to 8 heads,
-    32-row tiles in 6 stages for 16 (with 64 rows, 16 heads spill)."""
+    32-row tiles in 5 stages for 16 (whose 64-row tiles spill and overflow shared memory)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -320,7 +320,7 @@ def sparse_mla_decode_cuda(
     assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
     assert cache.numel() // 16 < 2**32, "the kernel addresses the cache in 16-B units, 32 bits"
     tile = tile or (64 if heads <= 8 else 32)
-    stages = stages or (3 if tile == 64 else 6)
+    stages = stages or (3 if tile == 64 else 5)
     assert num_splits in (1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
