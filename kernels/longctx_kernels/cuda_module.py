@@ -51,10 +51,28 @@ class Kernel:
     function: object
     shared_bytes: int
 
-    def launch(self, grid: tuple[int, int, int], block: int, args: list[tuple[int | float, type]], stream: int) -> None:
+    def launch(self, grid: tuple[int, int, int], block: int, args: list[tuple[int | float, type]], stream: int,
+               programmatic: bool = False) -> None:
+        """`programmatic`: a programmatic dependent launch. The kernel's CTAs may be placed once the
+        previous kernel on the stream allows it (griddepcontrol.launch_dependents) and must wait
+        (griddepcontrol.wait) for that kernel's end and memory before touching global memory; the
+        launch then overlaps the previous kernel's end."""
         values, types = zip(*args)
-        _check(driver.cuLaunchKernel(self.function, *grid, block, 1, 1, self.shared_bytes,
-                                     driver.CUstream(stream), (values, types), 0))
+        if not programmatic:
+            _check(driver.cuLaunchKernel(self.function, *grid, block, 1, 1, self.shared_bytes,
+                                         driver.CUstream(stream), (values, types), 0))
+            return
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = self.shared_bytes
+        config.hStream = driver.CUstream(stream)
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        _check(driver.cuLaunchKernelEx(config, self.function, (values, types), 0))
 
 
 @functools.cache

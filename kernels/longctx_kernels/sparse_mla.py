@@ -302,6 +302,7 @@ def sparse_mla_decode_cuda(
     teams: int = 2,
     producers: int = 2,
     ctas_per_sm: int = 1,
+    programmatic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction, its merge a Hopper cluster): same
@@ -335,5 +336,5 @@ def sparse_mla_decode_cuda(
     kernel.launch((num_splits, batch, 1), 32 * (4 * teams + producers), [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
         (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
-        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
+        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream, programmatic)
     return out, out_lse

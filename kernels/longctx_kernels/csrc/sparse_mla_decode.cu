@@ -286,11 +286,15 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   const int k_count = max(0, min(k_per_split, K - k_begin));
   const int n_tiles = (k_count + kTile - 1) / kTile;
 
+  // Launched as a programmatic dependent: the next kernel on the stream may take its places from
+  // now on, and this one touches global memory only once the previous kernel is done.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid < kStages) {
     mbar_init(&sh.full[tid], 64 * kProducers);
     mbar_init(&sh.empty[tid], kWarps);
   }
   __syncthreads();
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // A CTA's shared memory may be written by the cluster only once the CTA runs: every thread
   // arrives here and waits before its first remote store, long after.
   asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
