@@ -177,8 +177,9 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void copy16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+// 16 bytes global -> shared, of which the first `bytes` (16 or 0) are read and the rest zero-filled.
+__device__ __forceinline__ void copy16(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
@@ -197,8 +198,8 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 // freed its stage, copying rows producer, producer + kProducers, ... Lane l holds the slots of rows
 // l (and l + 32) of a tile, read one tile ahead, and their offsets in 16-B units; a row is 41 16-B
 // cp.async copies, lane l taking chunks l and l + 32, at one broadcast and one multiply-add a row
-// (the rows' loop is unrolled, so the shared addresses are immediates); a missing row copies row 0
-// (its slot, -1, masks it). The stage's full barrier takes 32 arrivals a producer when the lanes'
+// (the rows' loop is unrolled, so the shared addresses are immediates); a missing row (slot -1,
+// which masks it) is zeros, read from nowhere. The stage's full barrier takes 32 arrivals a producer when the lanes'
 // copies land and 32 when their slots (the same in every producer) are stored.
 __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
                                         const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
@@ -216,18 +217,22 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
       const int k = (j + 1) * kTile + 32 * u + lane;
       next[u] = k < count ? __ldg(slots + k) : -1;
     }
-    unsigned units[kSlotsPerLane];  // the lane's rows' offsets in the cache, in 16-B units
+    unsigned units[kSlotsPerLane];  // the lane's rows' offsets in the cache, in 16-B units; ~0u: no row
     #pragma unroll
-    for (int u = 0; u < kSlotsPerLane; ++u) units[u] = static_cast<unsigned>(max(cur[u], 0)) * (kRowBytes / 16);
+    for (int u = 0; u < kSlotsPerLane; ++u) units[u] = cur[u] >= 0 ? static_cast<unsigned>(cur[u]) * (kRowBytes / 16) : ~0u;
     const int stage = j % kStages;
     if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);
     const unsigned dst = smem_addr(sh.rows[stage] + producer * kRowBytes) + 16 * lane;
     #pragma unroll
     for (int k = 0; k < kTile / kProducers; ++k) {  // row producer + kProducers k
       const unsigned unit = __shfl_sync(0xffffffffu, units[k / (32 / kProducers)], (producer + kProducers * k) % 32);
-      const unsigned char* src = lane_src + static_cast<unsigned long long>(unit) * 16;
-      copy16(dst + kProducers * k * kRowBytes, src);
-      if (lane < kRowBytes / 16 - 32) copy16(dst + kProducers * k * kRowBytes + 512, src + 512);
+      // A missing row is zeros: the copy reads nothing (source size 0). Copies of one shared row
+      // (row 0) from every SM made a hot spot in L2 (B=64, H=8, half the slots -1: 260 us).
+      const bool real = unit != ~0u;
+      const unsigned char* src = lane_src + static_cast<unsigned long long>(real ? unit : 0u) * 16;
+      const unsigned bytes = real ? 16u : 0u;
+      copy16(dst + kProducers * k * kRowBytes, src, bytes);
+      if (lane < kRowBytes / 16 - 32) copy16(dst + kProducers * k * kRowBytes + 512, src + 512, bytes);
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
     #pragma unroll
