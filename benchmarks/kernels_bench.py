@@ -301,6 +301,17 @@ def bench_sparse_mla(gen):
         sorted_slots = slots.sort(dim=1).values
         ms_sorted = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, sorted_slots, sm_scale))
         print(f"    (same with sorted slots: {ms_sorted*1e3:.1f} us)", flush=True)
+        # Diagnostic: half of each list empty (-1), as a short context's top-k is; no row is read for them.
+        padded = slots.clone()
+        padded[:, 1::2] = -1
+        ms_padded = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, padded, sm_scale))
+        print(f"    (same with every other slot -1: {ms_padded*1e3:.1f} us)", flush=True)
+        # Diagnostic (CUDA): the same kernel launched plainly, not as a programmatic dependent.
+        if cfg[0] == "cuda":
+            ms_plain = measure.graph_median_ms(lambda: sparse_mla_decode_cuda(
+                q, cache, slots, sm_scale, num_splits=cfg[1], tile=cfg[2], stages=cfg[3], teams=cfg[4],
+                producers=cfg[5], ctas_per_sm=cfg[6], programmatic=False))
+            print(f"    (same launched plainly, not as a programmatic dependent: {ms_plain*1e3:.1f} us)", flush=True)
 
 
 def bench_hisparse_gather(gen):
