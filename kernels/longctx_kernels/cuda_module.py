@@ -74,6 +74,18 @@ class Kernel:
         config.numAttrs = 1
         _check(driver.cuLaunchKernelEx(config, self.function, (values, types), 0))
 
+    @functools.cache
+    def clusters_at_once(self, cluster_size: int, block: int) -> int:
+        """How many of the kernel's thread-block clusters (`cluster_size` CTAs of `block` threads, its
+        shared memory) the GPU holds at once: a cluster stays within one GPC, so this can be well
+        under SMs / cluster_size."""
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = self.shared_bytes
+        config.numAttrs = 0
+        return _check(driver.cuOccupancyMaxActiveClusters(self.function, config))
+
 
 @functools.cache
 def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[str, int], ...] = ()) -> Kernel:

@@ -294,7 +294,7 @@ def sparse_mla_decode_cuda(
     cache: torch.Tensor,
     topk_slots: torch.Tensor,
     sm_scale: float,
-    num_splits: int = 2,
+    num_splits: int | None = None,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
     tile: int | None = None,
@@ -307,13 +307,14 @@ def sparse_mla_decode_cuda(
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction, its merge a Hopper cluster): same
     contract as :func:`sparse_mla_decode`. A request's top-k list is cut into `num_splits` (1, 2 or
-    4) slices, one CTA each; the CTAs of a request are one thread-block cluster and merge their
-    outputs through distributed shared memory, so there is no second kernel. A CTA holds `teams`
-    teams of 4 consumer warps (one per latent group), which take the slice's tiles in turn, and
-    `producers` warps that stream `tile` (32 or 64) rows a step into a ring of `stages`;
-    `ctas_per_sm` is the register budget's target (__launch_bounds__). The defaults were the best
-    at B=64, K=2048 on an H200 (docs/benchmarks.md): 64-row tiles in 3 stages for up to 8 heads,
-    32-row tiles in 5 stages for 16 (whose 64-row tiles spill and overflow shared memory)."""
+    4; by default the count whose clusters finish first, see :func:`_cuda_splits`) slices, one CTA
+    each; the CTAs of a request are one thread-block cluster and merge their outputs through
+    distributed shared memory, so there is no second kernel. A CTA holds `teams` teams of 4
+    consumer warps (one per latent group), which take the slice's tiles in turn, and `producers`
+    warps that stream `tile` (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the
+    register budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an
+    H200 (docs/benchmarks.md): 64-row tiles in 3 stages for up to 8 heads, 32-row tiles in 5
+    stages for 16 (whose 64-row tiles spill and overflow shared memory)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -322,19 +323,36 @@ def sparse_mla_decode_cuda(
     assert cache.numel() // 16 < 2**32, "the kernel addresses the cache in 16-B units, 32 bits"
     tile = tile or (64 if heads <= 8 else 32)
     stages = stages or (3 if tile == 64 else 5)
-    assert num_splits in (1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
+    assert num_splits in (None, 1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
+    threads = 32 * (4 * teams + producers)
+
+    def kernel_for(splits: int):
+        defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages),
+                   ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2), ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm),
+                   ("SPARSE_MLA_PRODUCERS", producers), ("SPARSE_MLA_SPLITS", splits), ("SPARSE_MLA_TEAMS", teams))
+        return load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
+
+    num_splits = num_splits or _cuda_splits(batch, lambda s: kernel_for(s).clusters_at_once(s, threads))
+    kernel = kernel_for(num_splits)
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
     k = topk_slots.shape[1]
     k_per_split = triton.cdiv(triton.cdiv(k, num_splits), 64) * 64  # trailing slices may be empty
-    defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2),
-               ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm), ("SPARSE_MLA_PRODUCERS", producers),
-               ("SPARSE_MLA_SPLITS", num_splits), ("SPARSE_MLA_TEAMS", teams))
-    kernel = load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
     out, out_lse = _slice_outputs(q, 1, torch.bfloat16, out, out_lse)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, 1), 32 * (4 * teams + producers), [
+    kernel.launch((num_splits, batch, 1), threads, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
         (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream, programmatic)
     return out, out_lse
+
+
+def _cuda_splits(batch: int, clusters_at_once) -> int:
+    """Slices a request for the CUDA kernel: the count (4, 2, 1) whose clusters take the fewest
+    slice-lengths of time, waves of clusters x (1 / slices), ties to fewer waves. On an H200 at
+    1 CTA/SM, 30 clusters of 4 fit at once, 66 of 2 and 132 of 1: B <= 30 takes 4 slices, 31-66
+    two, 96-132 one (docs/benchmarks.md: B=1 13.9 us with 4 slices against 23.2 with 2)."""
+    def cost(splits: int) -> tuple[float, int]:
+        waves = -(-batch // clusters_at_once(splits))
+        return waves / splits, waves
+    return min((4, 2, 1), key=cost)
