@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from longctx_kernels.sparse_mla import (
+    _cuda_splits,
     pack_fp8_ds_mla_rows,
     sparse_mla_decode,
     sparse_mla_decode_reference,
@@ -48,3 +49,19 @@ def test_sparse_mla_decode_matches_reference(heads, topk, num_splits, partial_dt
     assert relative_error(out, ref) < 1e-2
     assert torch.equal(out[2], torch.zeros_like(out[2])) and (lse[2] == float("-inf")).all()
     assert relative_error(lse[:2], ref_lse[:2]) < 1e-5
+
+
+# Clusters that fit at once on an H200 at 1 CTA/SM (cuOccupancyMaxActiveClusters): 4 slices, 2, 1.
+H200_CLUSTERS = {4: 30, 2: 66, 1: 132}
+
+
+@pytest.mark.parametrize("batch,splits", [(1, 4), (30, 4), (31, 2), (64, 2), (66, 2), (96, 1), (132, 1)])
+def test_cuda_kernel_takes_the_slice_count_whose_clusters_finish_first(batch, splits):
+    # 31 requests in clusters of 4 would need a second wave; 96 in clusters of 2 too, and one wave of
+    # whole lists ties with two waves of halves: the fewer waves win.
+    assert _cuda_splits(batch, H200_CLUSTERS.get) == splits
+
+
+def test_cuda_slice_count_follows_what_the_gpu_holds():
+    # A GPU that holds only 8 clusters of 4 sends 16 requests to clusters of 2.
+    assert _cuda_splits(16, {4: 8, 2: 66, 1: 132}.get) == 2
