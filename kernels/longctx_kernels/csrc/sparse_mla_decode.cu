@@ -29,8 +29,9 @@
 
 namespace {
 
+// Defaults: the launcher's for up to 8 heads (sparse_mla.sparse_mla_decode_cuda passes them all).
 #ifndef SPARSE_MLA_TILE
-#define SPARSE_MLA_TILE 32
+#define SPARSE_MLA_TILE 64
 #endif
 #ifndef SPARSE_MLA_STAGES
 #define SPARSE_MLA_STAGES 3
