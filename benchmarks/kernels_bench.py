@@ -211,10 +211,10 @@ def _mla_name(cfg):
             f"{'fp16' if f16 else 'bf16'} MMA")
 
 
-def _mla_call(cfg, q, cache, slots, sm_scale, out=None):
+def _mla_call(cfg, q, cache, slots, sm_scale, out=None, **cuda_options):
     if cfg[0] == "cuda":
         return sparse_mla_decode_cuda(q, cache, slots, sm_scale, num_splits=cfg[1], tile=cfg[2], stages=cfg[3],
-                                      teams=cfg[4], producers=cfg[5], ctas_per_sm=cfg[6], out=out)
+                                      teams=cfg[4], producers=cfg[5], ctas_per_sm=cfg[6], out=out, **cuda_options)
     bh, s, nw, st, bk, nc, pf, f16 = cfg
     return sparse_mla_decode(q, cache, slots, sm_scale, num_splits=s, block_h=bh, num_warps=nw, num_stages=st,
                              block_k=bk, partial_dtype=torch.bfloat16, out=out, num_col_splits=nc, prefetch=pf,
@@ -308,9 +308,7 @@ def bench_sparse_mla(gen):
         print(f"    (same with every other slot -1: {ms_padded*1e3:.1f} us)", flush=True)
         # Diagnostic (CUDA): the same kernel launched plainly, not as a programmatic dependent.
         if cfg[0] == "cuda":
-            ms_plain = measure.graph_median_ms(lambda: sparse_mla_decode_cuda(
-                q, cache, slots, sm_scale, num_splits=cfg[1], tile=cfg[2], stages=cfg[3], teams=cfg[4],
-                producers=cfg[5], ctas_per_sm=cfg[6], programmatic=False))
+            ms_plain = measure.graph_median_ms(lambda: _mla_call(cfg, q, cache, slots, sm_scale, programmatic=False))
             print(f"    (same launched plainly, not as a programmatic dependent: {ms_plain*1e3:.1f} us)", flush=True)
 
 

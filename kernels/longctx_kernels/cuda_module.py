@@ -62,10 +62,7 @@ class Kernel:
             _check(driver.cuLaunchKernel(self.function, *grid, block, 1, 1, self.shared_bytes,
                                          driver.CUstream(stream), (values, types), 0))
             return
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes = self.shared_bytes
+        config = self._config(grid, block)
         config.hStream = driver.CUstream(stream)
         attr = driver.CUlaunchAttribute()
         attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -79,12 +76,16 @@ class Kernel:
         """How many of the kernel's thread-block clusters (`cluster_size` CTAs of `block` threads, its
         shared memory) the GPU holds at once: a cluster stays within one GPC, so this can be well
         under SMs / cluster_size."""
+        return _check(driver.cuOccupancyMaxActiveClusters(self.function, self._config((cluster_size, 1, 1), block)))
+
+    def _config(self, grid: tuple[int, int, int], block: int):
+        """A launch configuration of `grid` CTAs of `block` threads and the kernel's shared memory."""
         config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
         config.sharedMemBytes = self.shared_bytes
         config.numAttrs = 0
-        return _check(driver.cuOccupancyMaxActiveClusters(self.function, config))
+        return config
 
 
 @functools.cache
