@@ -128,3 +128,81 @@ def render_table(plan: CapacityPlan) -> str:
     for note in data["notes"]:
         lines.extend(textwrap.wrap("Note: " + note, width=100, subsequent_indent="  "))
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------ performance
+
+
+def _seconds(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def _rate(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def render_performance_line(perf: Optional[dict[str, Any]]) -> str:
+    """One line: the prediction at maxContextTokens (plain `longctx plan`)."""
+    if perf is None:
+        return "Performance: not modelled for an explicit architecture (needs a preset)\n"
+    pre, dec = perf["prefill"], perf["decode"]
+    return (f"Performance at max context ({perf['hardware'].split(' (')[0]}): TTFT "
+            f"{_seconds(perf['ttftSeconds'])} (prefill {pre['bound']}-bound), decode "
+            f"{_rate(dec['tokensPerSecondPerUser'])} tok/s/user at {perf['concurrency']} "
+            f"concurrent ({dec['bound']}-bound)\n")
+
+
+def render_performance(perf: Optional[dict[str, Any]]) -> str:
+    """The performance section of `longctx plan --prompt-tokens N`."""
+    if perf is None:
+        return render_performance_line(perf)
+    pre, xfer, dec = perf["prefill"], perf["kvTransfer"], perf["decode"]
+    cached = f", {perf['cachedTokens']:,} cached" if perf["cachedTokens"] else ""
+    rows = [
+        ("Prefill", f"{_seconds(pre['seconds'])}, {pre['bound']}-bound ({pre['layout']})"),
+        ("  DCP all-gather within it", f"{_seconds(pre['dcpAllGatherSeconds'])} "
+                                       f"(+{pre['dcpOverheadPercent']}%)"),
+        ("  largest terms", ", ".join(f"{k} {_seconds(v)}"
+                                      for k, v in list(pre["partsSeconds"].items())[:3])),
+        ("KV transfer (NIXL)", f"{_seconds(xfer['seconds'])}, {xfer['bound']}-bound"),
+        ("TTFT", _seconds(perf["ttftSeconds"])),
+        ("Decode step", f"{_seconds(dec['stepSeconds'])}, {dec['bound']}-bound, "
+                        f"{dec['batchPerRank']} request(s) per rank ({dec['layout']})"),
+        ("  largest terms", ", ".join(f"{k} {_seconds(v)}"
+                                      for k, v in list(dec["partsSeconds"].items())[:3])),
+        ("  HiSparse host gathers", f"{_seconds(dec['hostGatherSeconds'])} (PCIe, overlapped)"),
+        ("Tokens/s per user", f"{_rate(dec['tokensPerSecondPerUser'])} (acceptance length "
+                              f"{perf['acceptanceLength']})"),
+        ("Tokens/s per decode GPU", _rate(dec["tokensPerSecondPerGpu"])),
+    ]
+    if dec["requestsHeld"] < perf["concurrency"]:
+        rows.append(("  requests held", f"{dec['requestsHeld']} of {perf['concurrency']}: the "
+                                        "rest wait"))
+    if "requestSeconds" in perf:
+        rows.append(("Request, end to end", _seconds(perf["requestSeconds"])))
+    width = max(len(label) for label, _ in rows)
+    lines = [f"Performance: {perf['promptTokens']:,}-token prompt{cached}, "
+             f"{perf['outputTokens']:,} output tokens, {perf['concurrency']} concurrent, "
+             f"{perf['hardware']}", ""]
+    lines += [f"{label:<{width}}  {value}" for label, value in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_compare(rows: list[dict[str, Any]]) -> str:
+    """`longctx plan --compare`: one row per layout, ratios against the spec's."""
+    header = ("layout", "prefill", "decode", "fits max ctx", "TTFT", "x", "tok/s/user", "x")
+    table = [header]
+    for r in rows:
+        fit = "yes" if r["fitsMaxContext"] else "NO (" + ", ".join(r["refusedRoles"]) + ")"
+        ratio = (lambda v: "-" if v is None else f"{v:.2f}")
+        table.append((r["name"], r["prefillLayout"].split(";")[0],
+                      r["decodeLayout"].split(";")[0], fit, _seconds(r["ttftSeconds"]),
+                      ratio(r["ttftRatio"]), _rate(r["tokensPerSecondPerUser"]),
+                      ratio(r["tokensPerSecondPerUserRatio"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("(- : the layout cannot hold the prompt; x: ratio against this spec)")
+    return "\n".join(lines) + "\n"

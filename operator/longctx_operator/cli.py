@@ -30,12 +30,46 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from longctx_engine.plan_report import render_json, render_table
+    from longctx_engine import hardware, performance
+    from longctx_engine.plan_report import (render_compare, render_performance,
+                                            render_performance_line, render_table)
     from longctx_engine.planner import plan
 
     cr = read_manifest(args.file)
-    capacity = plan(api.load_spec(cr.get("spec")))
-    print(render_json(capacity) if args.output == "json" else render_table(capacity))
+    spec = api.load_spec(cr.get("spec"))
+    capacity = plan(spec)
+    try:
+        profile = hardware.load_profile(args.hardware) if args.hardware else None
+        if args.prompt_tokens is None:
+            for flag in ("cached_tokens", "output_tokens", "concurrency", "acceptance_length"):
+                if getattr(args, flag) is not None:
+                    raise ValueError(f"--{flag.replace('_', '-')} needs --prompt-tokens")
+            workload = None
+            perf = performance.summary_at_max_context(spec, profile)
+        else:
+            workload = performance.Workload(
+                args.prompt_tokens, args.cached_tokens or 0, args.output_tokens or 0,
+                args.concurrency or 1, args.acceptance_length)
+            perf = performance.predict(spec, workload, profile)
+        rows = None
+        if args.compare:
+            rows = performance.compare(
+                spec, workload or performance.Workload(spec.maxContextTokens), profile)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        out = {**capacity.to_json(), "performance": perf}
+        if rows is not None:
+            out["compare"] = rows
+        print(json.dumps(out, indent=2, allow_nan=False))
+    else:
+        text = render_table(capacity)
+        text += render_performance_line(perf) if workload is None else \
+            "\n" + render_performance(perf)
+        if rows is not None:
+            text += "\n" + render_compare(rows)
+        print(text)
     return 0 if capacity.fits else 3
 
 
@@ -102,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity plan of a LongContextDeployment (offline)")
     p.add_argument("-f", "--file", required=True, help="manifest file, or - for stdin")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("--prompt-tokens", type=int, help="predict serving a prompt this long "
+                   "(default: only a one-line prediction at maxContextTokens)")
+    p.add_argument("--cached-tokens", type=int, help="tokens of the prompt already cached")
+    p.add_argument("--output-tokens", type=int, help="tokens generated per request")
+    p.add_argument("--concurrency", type=int, help="concurrent requests on decode (default 1)")
+    p.add_argument("--acceptance-length", type=float, help="MTP tokens accepted per step "
+                   "(default: the seed's 2.99 at 3 draft tokens, scaled per draft token)")
+    p.add_argument("--hardware", metavar="FILE", help="hardware profile JSON, e.g. from "
+                   "`longctx-kernels preflight --write-profile FILE` (default: H200)")
+    p.add_argument("--compare", action="store_true", help="the seed's alternative layouts "
+                   "(DP8 prefill, TP8, PCP without DCP, offload-only decode) on the same GPUs")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="every child object as YAML (offline, like helm template)")
