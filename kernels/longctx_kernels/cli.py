@@ -66,6 +66,30 @@ def _kernel_check():
             "sparse MLA (Triton H=64, CUDA H=8) vs PyTorch; CUDA top-k vs torch.topk")
 
 
+def write_profile(path: str) -> None:
+    """Measures this node's GPU 0 (HBM copy, bf16 matmul, pinned H2D, an all-gather when a
+    second GPU is visible) and writes a hardware profile for `longctx plan --hardware`; the
+    rates it does not measure keep the H200 default's, fp8 is taken as twice bf16."""
+    import dataclasses
+
+    import torch
+    from longctx_engine import hardware
+
+    from . import measure
+
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    bf16 = 2 * 8192**3 / (measure.median_ms(lambda: x @ x) * 1e-3)
+    rates = {"hbmBytesPerS": measure.hbm_copy_bandwidth(), "bf16FlopsPerS": bf16,
+             "fp8FlopsPerS": 2 * bf16, "pcieBytesPerS": measure.pinned_copy_bandwidth()}
+    if torch.cuda.device_count() > 1:
+        ok, bus, _ = measure.all_gather_bandwidth()
+        if ok:
+            rates["nvlinkBytesPerS"] = bus
+    name = f"{torch.cuda.get_device_name(0)} (measured by longctx-kernels preflight)"
+    hardware.save_profile(dataclasses.replace(hardware.H200, name=name, **rates), path)
+    print(f"profile: {path}: " + ", ".join(f"{k} {v:.3g}" for k, v in rates.items()))
+
+
 def preflight(args: argparse.Namespace) -> int:
     checks: list[Check] = []
     try:
@@ -74,6 +98,13 @@ def preflight(args: argparse.Namespace) -> int:
         has_gpu = torch.cuda.is_available()
     except ImportError:
         has_gpu = False
+    if args.write_profile:
+        if not has_gpu:
+            print(f"error: --write-profile {args.write_profile}: no CUDA GPU is visible, so "
+                  "nothing can be measured; run it on the GPU node (longctx plan uses the H200 "
+                  "default without --hardware)", file=sys.stderr)
+            return 1
+        write_profile(args.write_profile)
     if has_gpu:
         from . import measure
 
@@ -149,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-nixl-dram-gbs", type=float, default=0.5, help="NIXL host-memory READ GB/s")
     p.add_argument("--nixl-mib", type=int, default=256, help="NIXL transfer size in MiB")
     p.add_argument("--allow-no-gpu", action="store_true", help="exit 0 instead of 2 when no GPU is visible")
+    p.add_argument("--write-profile", metavar="FILE", help="also measure this node's rates into a "
+                   "hardware profile for `longctx plan --hardware FILE` (needs a GPU)")
     args = parser.parse_args(argv)
     try:
         return preflight(args)
