@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,3 +65,46 @@ def test_bad_spec_names_the_field():
 def test_crd_command_prints_the_committed_crd():
     out = longctx("crd")
     assert out.stdout == (REPO / "crds" / "longctx.dev_longcontextdeployments.yaml").read_text()
+
+
+def test_plain_plan_is_the_capacity_table_plus_one_performance_line():
+    from longctx_engine import api, performance, planner
+    from longctx_engine.plan_report import render_performance_line, render_table
+
+    spec = api.load_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    expected = render_table(planner.plan(spec)) + render_performance_line(
+        performance.summary_at_max_context(spec))
+    out = longctx("plan", "-f", str(EXAMPLE))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected + "\n"
+    assert out.stdout.count("Performance") == 1
+
+
+def test_plan_with_a_workload_prints_and_emits_the_performance(tmp_path):
+    args = ("plan", "-f", str(EXAMPLE), "--prompt-tokens", "131072", "--cached-tokens", "65536",
+            "--output-tokens", "1000", "--concurrency", "64")
+    table = longctx(*args, "--compare")
+    assert table.returncode == 0, table.stderr
+    for text in ("DCP all-gather within it", "KV transfer (NIXL)", "Tokens/s per user",
+                 "DP8 prefill + offload", "offload-only decode"):
+        assert text in table.stdout, text
+    perf = json.loads(longctx(*args, "-o", "json").stdout)["performance"]
+    assert perf["promptTokens"] == 131072 and perf["concurrency"] == 64
+    assert {"seconds", "bound", "dcpOverheadPercent"} <= set(perf["prefill"])
+    assert {"stepSeconds", "tokensPerSecondPerUser", "tokensPerSecondPerGpu", "bound"} <= set(
+        perf["decode"])
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"name": "slow", "hbmBytesPerS": 1e12}))
+    slower = json.loads(longctx(*args, "-o", "json", "--hardware", str(slow)).stdout)
+    assert slower["performance"]["decode"]["stepSeconds"] > perf["decode"]["stepSeconds"]
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--cached-tokens", "10"), "--cached-tokens needs --prompt-tokens"),
+    (("--prompt-tokens", "100", "--cached-tokens", "100"), "--cached-tokens"),
+    (("--hardware", "/nonexistent.json"), "--hardware /nonexistent.json"),
+])
+def test_plan_refuses_a_bad_workload_naming_the_flag(args, text):
+    out = longctx("plan", "-f", str(EXAMPLE), *args)
+    assert out.returncode == 2
+    assert text in out.stderr
