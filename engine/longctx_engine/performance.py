@@ -437,7 +437,7 @@ def summary_at_max_context(spec: LongContextDeploymentSpec,
 # ------------------------------------------------------------ the seed's alternatives
 
 
-def _alternatives(spec: LongContextDeploymentSpec) -> list[tuple[str, LongContextDeploymentSpec]]:
+def alternatives(spec: LongContextDeploymentSpec) -> list[tuple[str, LongContextDeploymentSpec]]:
     """The seed's baselines on the same model and GPUs: DP8 prefill with the same CPU offload
     split over its ranks, TP8 prefill, PCP without DCP, and offload-only decode with the
     HiSparse pool's host memory given to the offload."""
@@ -494,7 +494,7 @@ def compare(spec: LongContextDeploymentSpec, workload: Workload,
     tokens/s per user, with ratios against the spec's layout."""
     hw = hardware or H200
     rows = [_row("this spec", spec, workload, hw)] + \
-        [_row(name, alt, workload, hw) for name, alt in _alternatives(spec)]
+        [_row(name, alt, workload, hw) for name, alt in alternatives(spec)]
     base = rows[0]
     for row in rows:
         for key, ratio in (("ttftSeconds", "ttftRatio"), ("tokensPerSecondPerUser",

@@ -1,0 +1,124 @@
+"""The performance model beside the seed article's figures, and TTFT against prompt length
+per prefill layout (no GPU; H200 profile unless --hardware).
+
+    PYTHONPATH=engine python benchmarks/performance_model.py --png docs/ttft_vs_prompt.png
+
+Prints the validation table (seed figure, model figure, error), then the TTFT table behind
+the plot (seconds, a from-scratch prompt; "-" where the planner says the layout cannot hold
+the prompt) and, with --png, draws it (needs matplotlib, which the test environment does not
+carry: pip install matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from longctx_engine import api, hardware, models, performance, planner
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glm-5.3-1m.yaml"
+PROMPTS = [2 ** n for n in range(13, 21)]   # 8K .. 1M
+
+
+def ttft_by_layout(spec: api.LongContextDeploymentSpec,
+                   hw: hardware.HardwareProfile) -> dict[str, list]:
+    """TTFT per prompt of the spec's layout and the seed's prefill alternatives."""
+    layouts = [("PCP8 x DCP8 (this spec)", spec)] + [
+        (name, alt) for name, alt in performance.alternatives(spec) if "prefill" in name]
+    out = {}
+    for name, alt in layouts:
+        row = []
+        for prompt in PROMPTS:
+            held = planner.plan(dataclasses.replace(alt, maxContextTokens=prompt)).prefill.fits
+            perf = performance.predict(alt, performance.Workload(prompt), hw)
+            row.append(perf["ttftSeconds"] if held else None)
+        out[name] = row
+    return out
+
+
+# An AgentX-like turn: the seed publishes no trace statistics, so these are assumptions.
+# (prompt + output) / output = 70.4 is what the seed's two c64 figures imply together
+# (8,340 logical tok/s/GPU x 16 GPUs / (64 users x 29.6 tok/s)).
+TURN_CACHED, TURN_NEW, TURN_OUTPUT = 66_000, 4_096, 1_000
+
+
+def validation(spec: api.LongContextDeploymentSpec, hw: hardware.HardwareProfile) -> list:
+    """(figure, seed, model) rows; the model's figures are computed here, the seed's quoted."""
+    prefill_layout, _ = planner.role_layouts(spec)
+    shape = performance.model_shape(spec)
+    rows = []
+    for context, seed in ((64 * 1024, 6.0), (248 * 1024, 15.0)):
+        step = performance.prefill_chunk(shape, prefill_layout, hw, 2048, context)
+        rows.append((f"DCP8 overhead, 2K chunk on PCP8, {context // 1024}K cached (%)", seed,
+                     100 * performance.dcp_overhead(step)))
+    rows.append(("DCP8 overhead growth, 248K / 64K", 15.0 / 6.0, rows[1][2] / rows[0][2]))
+    arch = models.resolve_architecture(spec.model)
+    for name, heads, seed in (("TP8", 8, 32_768), ("PCP8", 64, 262_144)):
+        rows.append((f"indexer FLOPs overtake sparse MLA, {name} (tokens)", seed,
+                     planner.indexer_crossover_tokens(arch, heads)))
+    dp8 = dict(performance.alternatives(spec))["DP8 prefill + offload"]
+    for name, layout_spec, seed in (("PCP8 x DCP8", spec, 0.85), ("DP8", dp8, 3.35)):
+        perf = performance.predict(layout_spec, performance.Workload(
+            TURN_CACHED + TURN_NEW, TURN_CACHED, TURN_OUTPUT, 16), hw)
+        rows.append((f"AgentX median TTFT, {name}, c8-c32 (s; seed mid-range)", seed,
+                     perf["ttftSeconds"]))
+    c64 = performance.predict(spec, performance.Workload(
+        TURN_CACHED + TURN_NEW, TURN_CACHED, TURN_OUTPUT, 64), hw)
+    gpus = sum(r.replicas * r.gpusPerPod for r in planner.role_layouts(spec))
+    per_user = TURN_OUTPUT / c64["requestSeconds"]
+    rows.append(("HiSparse decode c64, E2E tok/s/user", 29.6, per_user))
+    rows.append(("HiSparse decode c64, logical tok/s/GPU", 8340,
+                 64 * (TURN_CACHED + TURN_NEW + TURN_OUTPUT) / c64["requestSeconds"] / gpus))
+    one_m = {r["name"]: r for r in performance.compare(spec, performance.Workload(1 << 20), hw)}
+    for name in ("DP8 prefill + offload", "offload-only decode"):
+        rows.append((f"{name} holds one 1M request", "no",
+                     "yes" if one_m[name]["fitsMaxContext"] else "no"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--png", help="write the plot here")
+    parser.add_argument("--hardware", help="hardware profile JSON (default: H200)")
+    args = parser.parse_args()
+    spec = api.load_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    hw = hardware.load_profile(args.hardware) if args.hardware else hardware.H200
+    print(f"| figure | seed | model | error |\n| --- | --- | --- | --- |")
+    for figure, seed, model in validation(spec, hw):
+        if isinstance(seed, str):
+            print(f"| {figure} | {seed} | {model} | {'0' if seed == model else 'WRONG'} |")
+        else:
+            print(f"| {figure} | {seed:,} | {model:,.3g} | {100 * (model / seed - 1):+.0f}% |")
+    print()
+    table = ttft_by_layout(spec, hw)
+    width = max(len(n) for n in table)
+    print(f"{'prompt tokens':<{width}}  " + "  ".join(f"{p:>9,}" for p in PROMPTS))
+    for name, row in table.items():
+        print(f"{name:<{width}}  " + "  ".join(f"{v:>9.2f}" if v else f"{'-':>9}" for v in row))
+    if args.png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, row in table.items():
+            points = [(p, v) for p, v in zip(PROMPTS, row) if v]
+            ax.plot(*zip(*points), marker="o", label=name)
+        crossover = planner.indexer_crossover_tokens(
+            models.resolve_architecture(spec.model), 64)
+        ax.axvline(crossover, color="grey", linestyle=":", label="indexer crossover, PCP8")
+        ax.set(xscale="log", yscale="log", xlabel="prompt tokens (from scratch)",
+               ylabel="TTFT (s)", title="GLM-5.3 on 8 H200 prefill GPUs: modelled TTFT")
+        ax.set_xticks(PROMPTS, [f"{p // 1024}K" for p in PROMPTS])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()
