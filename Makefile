@@ -8,7 +8,7 @@ PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test unit cluster-bins python-env crds plan render lint-duplicates
+.PHONY: demo test unit cluster-bins python-env crds plan render
 
 python-env:
 	@tools/python-env.sh >/dev/null
@@ -24,11 +24,13 @@ test: python-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
+# Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
 unit: python-env
-	@$(PY) -m pytest tests -q -m "not cluster" --ignore=tests/cluster
+	@$(PY) -m pytest tests -q -m "not cluster" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
 crds: python-env
 	@$(PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml
+	@$(PY) -m longctx_operator.cli rbac --write charts/longctx/files/operator-rules.yaml
 	@HELM=$$(tools/build-control-plane.sh 2>/dev/null)/helm charts/kustomize/generate.sh
 
 plan: python-env
