@@ -101,5 +101,5 @@ def test_console_script_targets_exist():
 
 
 def test_engine_container_command_matches_image():
-    from longctx_engine.recipes import ENGINE_CONTAINER_COMMAND
+    from longctx_engine.contract import ENGINE_CONTAINER_COMMAND
     assert ENGINE_CONTAINER_COMMAND[0] == exec_form("engine", "ENTRYPOINT")[0]

@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .contract import (GROUP, KIND, MAX_POOL_TARGET_PORTS, NIXL_SIDE_CHANNEL_PORT, PLURAL,
+                       VERSION)
 from .schema import APIObject, Preserved, Quantity, Rule, api_field, dump, load
 
-GROUP = "longctx.dev"
-VERSION = "v1alpha1"
-KIND = "LongContextDeployment"
-PLURAL = "longcontextdeployments"
 SINGULAR = "longcontextdeployment"
 SHORT_NAMES = ("lcd",)
 
@@ -23,13 +21,22 @@ SHORT_NAMES = ("lcd",)
 # and must fit in 63 characters; the longest child StatefulSet is "<name>-prefill".
 MAX_NAME_LENGTH = 63 - len("-prefill") - 11
 
-PRESET_NAMES = ("glm-5.3", "deepseek-v3.2")
+# MTP draft layers of each preset (models.PRESETS reads them from here), so that the
+# CEL rules about MTP can tell a preset's layers without the planner.
+PRESET_MTP_LAYERS = {"glm-5.3": 1, "deepseek-v3.2": 1}
+PRESET_NAMES = tuple(PRESET_MTP_LAYERS)
+_PRESET_MTP_MAP = "{" + ", ".join(f"'{k}': {v}" for k, v in PRESET_MTP_LAYERS.items()) + "}"
+NAME_RULE = Rule(f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                 f"metadata.name {{self.metadata.name}} is longer than {MAX_NAME_LENGTH} "
+                 "characters; the StatefulSet names derived from it (<name>-prefill plus a "
+                 "revision hash) must stay within Kubernetes' 63-character limit: choose a "
+                 "shorter name")
 
 
 def power_of_two(field: str) -> Rule:
-    """CEL rule: the integer field is 1, 2, 4, ... 64 (GPU counts of one node group)."""
+    """The integer field is 1, 2, 4, ... 512 (GPU counts of one node group)."""
     return Rule(f"self.{field} in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]",
-                f"{field} must be a power of two (1, 2, 4, ... 512)")
+                f"{field} is {{self.{field}}}; it must be a power of two (1, 2, 4, ... 512)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +124,8 @@ class Speculative(APIObject):
     """Speculative decoding; prefill runs it too because NIXL compares it."""
 
     CEL = (Rule("self.method == 'none' || self.draftTokens >= 1",
-                "speculative.draftTokens must be at least 1 when method is mtp"),)
+                "draftTokens is {self.draftTokens}; it must be at least 1 when method is mtp "
+                "(or set method to none)"),)
     method: str = api_field("mtp (multi-token prediction) or none.", "mtp", enum=("mtp", "none"),
                             immutable="the NIXL handshake compares it between prefill and decode.")
     draftTokens: int = api_field("Draft tokens per step (num_speculative_tokens).", 3,
@@ -163,11 +171,12 @@ class ContextParallel(APIObject):
     CEL = (
         power_of_two("prefill"), power_of_two("decode"),
         Rule("self.prefill == 1 || self.decode == 1 || self.commBackend == 'ag_rs'",
-             "commBackend must be ag_rs when both prefill and decode context parallelism "
-             "are above 1 (vLLM's Model Runner V2 rejects a2a with PCP and DCP)"),
+             "commBackend is {self.commBackend} with prefill {self.prefill} and decode "
+             "{self.decode}: vLLM's Model Runner V2 rejects a2a when both context "
+             "parallelisms are above 1; set commBackend to ag_rs"),
         Rule("self.prefill == 1 || self.decode == 1 || self.decode == self.prefill",
-             "decode context parallelism must equal prefill context parallelism when both are "
-             "above 1 (NIXL re-assembles the KV shards one-to-one)"),
+             "decode ({self.decode}) must equal prefill ({self.prefill}) when both are above "
+             "1: NIXL re-assembles the KV shards one-to-one; set decode to {self.prefill}"),
     )
     prefill: int = api_field("Prefill context parallelism (PCP, --prefill-context-parallel-size).",
                              1, minimum=1, maximum=64)
@@ -178,22 +187,37 @@ class ContextParallel(APIObject):
 
 
 _RANK_GPUS = "(self.tensorParallel * self.pipelineParallel * self.contextParallel.prefill)"
+_RANKS_PER_POD = f"(self.gpusPerPod / {_RANK_GPUS})"
+_DIVIDES = f"({_RANK_GPUS} <= self.gpusPerPod && self.gpusPerPod % {_RANK_GPUS} == 0)"
 
 
-def _role_rules(role: str) -> tuple[Rule, ...]:
+def _role_rules() -> tuple[Rule, ...]:
+    """Rules every role obeys (the ranks of a pod, the groups of pods, the DCP size)."""
     return (
         power_of_two("gpusPerPod"), power_of_two("dataParallel"),
         power_of_two("tensorParallel"),
-        Rule(f"self.gpusPerPod % {_RANK_GPUS} == 0",
-             f"spec.{role}: the GPUs of one engine rank (tensorParallel x pipelineParallel x "
-             "contextParallel.prefill) must divide gpusPerPod"),
-        Rule(f"self.dataParallel % (self.gpusPerPod / {_RANK_GPUS}) == 0",
-             f"spec.{role}.dataParallel must be a multiple of the ranks one pod holds "
-             "(gpusPerPod / (tensorParallel x pipelineParallel x contextParallel.prefill)), "
-             "so that every GPU of every pod serves"),
-        Rule("self.contextParallel.decode <= self.tensorParallel * self.contextParallel.prefill",
-             f"spec.{role}.contextParallel.decode must not exceed tensorParallel x "
-             "contextParallel.prefill (vLLM shards the KV across those ranks)"),
+        Rule(_DIVIDES,
+             "one engine rank takes tensorParallel x pipelineParallel x "
+             "contextParallel.prefill = {self.tensorParallel} x {self.pipelineParallel} x "
+             "{self.contextParallel.prefill} GPUs, which must divide gpusPerPod "
+             "({self.gpusPerPod}); change gpusPerPod or the parallel sizes"),
+        Rule(f"!{_DIVIDES} || self.dataParallel % {_RANKS_PER_POD} == 0",
+             "dataParallel ({self.dataParallel}) must be a multiple of the ranks one pod "
+             "holds (gpusPerPod / (tensorParallel x pipelineParallel x "
+             "contextParallel.prefill)), so that every GPU of every pod serves"),
+        Rule(f"!{_DIVIDES} || self.dataParallel < {_RANKS_PER_POD} || "
+             f"self.replicas % (self.dataParallel / {_RANKS_PER_POD}) == 0",
+             "replicas ({self.replicas}) must be a multiple of the pods of one data-parallel "
+             "group (dataParallel {self.dataParallel} / the ranks one pod holds)"),
+        # The NIXL transfer parallel size is max(TP, PCP); DCP is 1 or exactly that.
+        Rule("self.contextParallel.decode == 1 || "
+             "(self.tensorParallel >= self.contextParallel.prefill && "
+             "self.contextParallel.decode == self.tensorParallel) || "
+             "(self.contextParallel.prefill >= self.tensorParallel && "
+             "self.contextParallel.decode == self.contextParallel.prefill)",
+             "contextParallel.decode is {self.contextParallel.decode}; it must be 1 or "
+             "max(tensorParallel, contextParallel.prefill) = max({self.tensorParallel}, "
+             "{self.contextParallel.prefill}), the NIXL transfer parallel size"),
     )
 
 
@@ -219,13 +243,14 @@ _COMMON_ROLE_DOCS = {
 class Prefill(APIObject):
     """The prefill role: long prompts, KV produced for decode over NIXL."""
 
-    CEL = _role_rules("prefill")
+    CEL = _role_rules()
     replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
     gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
     tensorParallel: int = api_field("Tensor parallelism. Must be 1 with context parallelism.", 1,
-                                    minimum=1, rules=(Rule("self == 1", "spec.prefill.tensorParallel "
-                                                           "must be 1: context parallelism replaces "
-                                                           "it for long prompts"),))
+                                    minimum=1, rules=(Rule("self == 1", "tensorParallel is "
+                                                           "{self}; it must be 1: context "
+                                                           "parallelism replaces it for long "
+                                                           "prompts"),))
     pipelineParallel: int = api_field("Pipeline parallelism.", 1, minimum=1, maximum=8)
     dataParallel: int = api_field("Data-parallel ranks (the DP8 baseline sets 8 and PCP 1).", 1,
                                   minimum=1, maximum=512)
@@ -241,13 +266,17 @@ class Prefill(APIObject):
 class Decode(APIObject):
     """The decode role: data-parallel ranks that receive KV over NIXL and stream tokens."""
 
-    CEL = _role_rules("decode") + (
+    CEL = _role_rules() + (
+        Rule("self.contextParallel.prefill == 1",
+             "contextParallel.prefill is {self.contextParallel.prefill}; it must be 1: NIXL "
+             "supports prefill context parallelism only on the producer (prefill) side"),
         Rule("!self.hiSparse.enabled || self.contextParallel.decode == 1",
-             "HiSparse cannot run with decode context parallelism: set "
-             "spec.decode.contextParallel.decode to 1 or spec.decode.hiSparse.enabled to false"),
+             "HiSparse cannot run with decode context parallelism "
+             "({self.contextParallel.decode}): set contextParallel.decode to 1 or "
+             "hiSparse.enabled to false"),
         Rule("!self.hiSparse.enabled || self.pipelineParallel == 1",
-             "HiSparse cannot run with pipeline parallelism: set spec.decode.pipelineParallel "
-             "to 1 or spec.decode.hiSparse.enabled to false"),
+             "HiSparse cannot run with pipeline parallelism ({self.pipelineParallel}): set "
+             "pipelineParallel to 1 or hiSparse.enabled to false"),
     )
     replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
     gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
@@ -324,7 +353,8 @@ class KVTransfer(APIObject):
     """NIXL KV transfer from prefill to decode."""
 
     backend: str = api_field("NIXL backend.", "UCX", enum=("UCX", "LIBFABRIC"))
-    sideChannelPort: int = api_field("Base NIXL side-channel port; rank i listens on base+i.", 5600,
+    sideChannelPort: int = api_field("Base NIXL side-channel port; rank i listens on base+i.",
+                                     NIXL_SIDE_CHANNEL_PORT,
                                      minimum=1024, maximum=65000)
     rdma: Optional[RDMA] = api_field("RDMA resource; unset means TCP (slow, for tests).", None)
 
@@ -372,6 +402,37 @@ class Capacity(APIObject):
 @dataclass(frozen=True, kw_only=True)
 class LongContextDeploymentSpec(APIObject):
     """A prefill/decode-disaggregated, long-context vLLM deployment on H200 nodes."""
+
+    CEL = (
+        Rule("self.engine.kvCacheDtype != 'auto' || "
+             "(self.prefill.contextParallel.decode == 1 && self.decode.contextParallel.decode == 1)",
+             "engine.kvCacheDtype is auto, a bf16 cache on H200, but decode context "
+             "parallelism (prefill {self.prefill.contextParallel.decode}, decode "
+             "{self.decode.contextParallel.decode}) needs fp8_ds_mla: set engine.kvCacheDtype "
+             "to fp8"),
+        Rule("self.engine.speculative.method != 'mtp' || "
+             f"(has(self.model.preset) && {_PRESET_MTP_MAP}[self.model.preset] > 0) || "
+             "(has(self.model.architecture) && self.model.architecture.mtpLayers > 0)",
+             "engine.speculative.method is mtp but the model has no MTP layers "
+             "(architecture.mtpLayers 0); set engine.speculative.method to none"),
+        Rule("self.prefill.contextParallel.prefill == 1 || "
+             "self.engine.speculative.method != 'mtp' || self.engine.speculative.draftTokens == 1 "
+             f"|| (has(self.model.preset) && {_PRESET_MTP_MAP}[self.model.preset] <= 1) || "
+             "(has(self.model.architecture) && self.model.architecture.mtpLayers <= 1)",
+             "prefill context parallelism ({self.prefill.contextParallel.prefill}) runs only "
+             "single-module MTP, but the model has several MTP layers and "
+             "engine.speculative.draftTokens is {self.engine.speculative.draftTokens}; set "
+             "engine.speculative.draftTokens to 1"),
+        Rule("!self.router.enabled || (" + " && ".join(
+            f"self.{role}.gpusPerPod <= {MAX_POOL_TARGET_PORTS} * "
+            f"{_RANK_GPUS.replace('self.', f'self.{role}.')}" for role in ("prefill", "decode"))
+             + ")",
+             f"the router reaches every engine rank of a pod on its own port, and an "
+             f"InferencePool lists at most {MAX_POOL_TARGET_PORTS}: with prefill.gpusPerPod "
+             "{self.prefill.gpusPerPod} and decode.gpusPerPod {self.decode.gpusPerPod}, lower "
+             "gpusPerPod or raise tensorParallel so that a pod holds at most "
+             f"{MAX_POOL_TARGET_PORTS} ranks"),
+    )
 
     model: Model = api_field("The model.")
     maxContextTokens: int = api_field("Longest context (prompt + output) served: --max-model-len. "

@@ -1,6 +1,6 @@
 """Prefill/decode compatibility: the factors of vLLM's NIXL compatibility hash.
 
-NIXL refuses a handshake between engines whose hash differs (vllm-engine.md §0.3), but
+NIXL refuses a handshake between engines whose hash differs (docs/vllm.md#nixl-compatibility), but
 only when the first request arrives, after both sides loaded the model. The operator
 calls `pd_compatibility` on the two rendered commands (e.g. an old prefill pod and a new
 decode pod during a rollout) and refuses to pair a mismatched set.
@@ -18,12 +18,11 @@ import hashlib
 import json
 from typing import Any, Optional
 
-from .recipes import EngineCommand, parse_flags
+from . import contract
+from .extra_args import parse_flags
+from .recipes import EngineCommand, canonical_kv_cache_dtype
 
-VERSION_ENV = "LONGCTX_VLLM_VERSION"
 
-# Quantized KV dtypes FLASHMLA_SPARSE rewrites to fp8_ds_mla (mla_attention.py:359-375).
-_FP8_ALIASES = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
 # Legacy MTP method names vLLM rewrites to "mtp" (speculative.py:1246-1250).
 _MTP_ALIASES = {"mtp", "deepseek_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp", "mimo_mtp",
                 "ernie_mtp", "qwen3_next_mtp", "longcat_flash_mtp", "pangu_ultra_moe_mtp"}
@@ -51,8 +50,7 @@ def model_string(cmd: EngineCommand) -> str:
 
 
 def kv_cache_dtype(cmd: EngineCommand) -> str:
-    value = _flag(cmd, "kv-cache-dtype") or "auto"
-    return "fp8_ds_mla" if value in _FP8_ALIASES else value
+    return canonical_kv_cache_dtype(_flag(cmd, "kv-cache-dtype") or "auto")
 
 
 def _json(value: Optional[str]) -> Any:
@@ -132,7 +130,7 @@ def pd_compatibility(prefill_cmd: EngineCommand, decode_cmd: EngineCommand) -> l
 
     cmp("--model string", model_string(p), model_string(d),
         "NIXL hashes it verbatim: use the identical repo id or path on both roles")
-    cmp("vLLM version", p.env.get(VERSION_ENV), d.env.get(VERSION_ENV),
+    cmp("vLLM version", p.env.get(contract.ENV_VLLM_VERSION), d.env.get(contract.ENV_VLLM_VERSION),
         "run the same engine image (spec.engine.vllmVersion) on both roles")
     cmp("KV cache dtype", kv_cache_dtype(p), kv_cache_dtype(d),
         "both roles must use the same spec.engine.kvCacheDtype")

@@ -21,10 +21,7 @@ from typing import Any
 import yaml
 
 from .api import KIND, LongContextDeploymentSpec, dump_spec, load_spec
-
-CONFIG_KEY = "engine.yaml"
-CONFIG_DIR = "/etc/longctx"
-CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+from .contract import CONFIG_KEY
 
 
 class EngineConfigError(ValueError):

@@ -17,9 +17,13 @@ import shlex
 import sys
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from .engine_config import CONFIG_PATH, EngineConfigError, read_engine_config
+from .engine_config import EngineConfigError, read_engine_config
 from .precheck import CheckResult, HostProbe, run_prechecks
-from .recipes import ROLES, EngineCommand, PodIdentity, RecipeError, build_command, engine_ports
+from .contract import CONFIG_PATH, ROLES
+from .identity import PodIdentity
+from .recipes import EngineCommand
+from .roles import serving_plan
+from .rules import RecipeError
 
 
 def render(cmd: EngineCommand) -> str:
@@ -67,15 +71,16 @@ def run(role: str, config: str, dry_run: bool = False, *,
     try:
         cfg = read_engine_config(config)
         pod = PodIdentity.from_env(cfg.cr_name, cfg.namespace, role, env, strict=not dry_run)
-        cmd = build_command(cfg.spec, role, pod)
+        plan = serving_plan(cfg.spec).role(role)
+        cmd = plan.command(pod)
     except (EngineConfigError, RecipeError) as e:
         print(f"longctx-engine: {e}", file=err)
         return 2
-    ports = engine_ports(cfg.spec, role)
+    ports = plan.ports
     print(f"# longctx-engine: {cfg.namespace}/{cfg.cr_name} role={role} pod={pod.pod_name} "
           f"ordinal={pod.ordinal} ip={pod.pod_ip}", file=out)
-    print(f"# ports: http={ports.http} supervisor={ports.supervisor} nixl={ports.nixl}"
-          + (f" dp-rpc={ports.dp_rpc}" if ports.dp_rpc else ""), file=out)
+    print(f"# ports: http={ports.http} supervisor={ports.supervisor} nixl={ports.nixl}",
+          file=out)
     results: list[CheckResult] = run_prechecks(
         cfg.spec, role, probe or HostProbe(env=env))
     for r in results:

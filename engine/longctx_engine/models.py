@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import Architecture, Model
+from .api import PRESET_MTP_LAYERS, Architecture, Model
 from .schema import Quantity
 
 # fp8_ds_mla: one FP8 byte per latent element, one fp32 scale per 128 elements, BF16 RoPE.
@@ -104,14 +104,16 @@ def _fp8_weight_bytes(g: _Geometry) -> tuple[int, int]:
 _GLM_5_3 = _Geometry(hidden=6144, q_lora_rank=2048, heads=64, qk_nope_head_dim=192,
                      qk_rope_head_dim=64, v_head_dim=256, kv_lora_rank=512,
                      dense_intermediate=12288, moe_intermediate=2048, routed_experts=256,
-                     shared_experts=1, layers=78, dense_layers=3, mtp_layers=1, vocab=154880,
+                     shared_experts=1, layers=78, dense_layers=3,
+                     mtp_layers=PRESET_MTP_LAYERS["glm-5.3"], vocab=154880,
                      index_layers=21, index_heads=32, index_head_dim=128)
 
 _DEEPSEEK_V3_2 = _Geometry(hidden=7168, q_lora_rank=1536, heads=128, qk_nope_head_dim=128,
                            qk_rope_head_dim=64, v_head_dim=128, kv_lora_rank=512,
                            dense_intermediate=18432, moe_intermediate=2048, routed_experts=256,
-                           shared_experts=1, layers=61, dense_layers=3, mtp_layers=1,
-                           vocab=129280, index_layers=61, index_heads=64, index_head_dim=128)
+                           shared_experts=1, layers=61, dense_layers=3,
+                           mtp_layers=PRESET_MTP_LAYERS["deepseek-v3.2"], vocab=129280,
+                           index_layers=61, index_heads=64, index_head_dim=128)
 
 
 def _preset(g: _Geometry, top_k: int) -> Architecture:

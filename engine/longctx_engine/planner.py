@@ -3,8 +3,8 @@
 `plan(spec)` proves, before any GPU is spent, that the layout of a
 LongContextDeployment holds `maxContextTokens` on both roles, or says what to
 change. Everything is derived from the architecture numbers (api.Architecture)
-and vLLM 0.33's memory rules (docs/vllm-engine.md "Bytes per token per layer",
-docs/kernels.md §0 and §7); nothing here is a stored answer. Stdlib only.
+and vLLM 0.33's memory rules (docs/vllm.md#bytes-per-token and
+docs/kernels.md); nothing here is a stored answer. Stdlib only.
 
 Modelling choices (each also noted where it is made):
 * KV per GPU. MLA's latent KV is shared by all heads, so tensor parallelism (TP)
@@ -28,12 +28,14 @@ Modelling choices (each also noted where it is made):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import models
 from .api import Architecture, LongContextDeploymentSpec
+from .layout import Layout, role_layouts
 from .quantity import GiB, parse_bytes
 
 BLOCK_TOKENS = 64           # vLLM's KV page for sparse MLA + indexer on H200
@@ -73,68 +75,7 @@ def request_kv_bytes(bpt: BytesPerToken, tokens: int) -> int:
 # ------------------------------------------------------------ layouts
 
 
-@dataclass(frozen=True)
-class RoleLayout:
-    """The parallel layout of one role (prefill or decode)."""
-
-    role: str = "prefill"
-    replicas: int = 1
-    gpusPerPod: int = 8
-    tensorParallel: int = 1
-    pipelineParallel: int = 1
-    prefillContextParallel: int = 1
-    decodeContextParallel: int = 1
-    dataParallel: int = 1
-    expertParallel: bool = True
-
-    @property
-    def gpus_per_rank(self) -> int:
-        """GPUs of one engine (data-parallel) rank."""
-        return self.tensorParallel * self.pipelineParallel * self.prefillContextParallel
-
-    @property
-    def ranks(self) -> int:
-        """Data-parallel engine ranks over all pods of the role."""
-        return max(self.replicas * self.gpusPerPod // self.gpus_per_rank, 0)
-
-    @property
-    def expert_split(self) -> int:
-        """GPUs that split the routed experts of one layer: the whole engine's DP x TP x PCP
-        under expert parallelism (the seed's EP8), else TP (tensor-parallel MoE)."""
-        if self.expertParallel:
-            return self.dataParallel * self.tensorParallel * self.prefillContextParallel
-        return self.tensorParallel
-
-    def describe(self) -> str:
-        parts = []
-        if self.prefillContextParallel > 1:
-            parts.append(f"PCP{self.prefillContextParallel}")
-        if self.decodeContextParallel > 1:
-            parts.append(f"DCP{self.decodeContextParallel}")
-        if self.tensorParallel > 1:
-            parts.append(f"TP{self.tensorParallel}")
-        if self.pipelineParallel > 1:
-            parts.append(f"PP{self.pipelineParallel}")
-        if self.dataParallel > 1 or not parts:
-            parts.append(f"DP{self.dataParallel}")
-        text = " x ".join(parts)
-        if self.expertParallel:
-            text += f" x EP{self.expert_split}"
-        return f"{text}; {self.replicas} pod(s) x {self.gpusPerPod} GPUs"
-
-
-def role_layouts(spec: LongContextDeploymentSpec) -> tuple[RoleLayout, RoleLayout]:
-    p, d = spec.prefill, spec.decode
-    prefill = RoleLayout("prefill", p.replicas, p.gpusPerPod, p.tensorParallel,
-                         p.pipelineParallel, p.contextParallel.prefill,
-                         p.contextParallel.decode, p.dataParallel, p.expertParallel)
-    decode = RoleLayout("decode", d.replicas, d.gpusPerPod, d.tensorParallel,
-                        d.pipelineParallel, d.contextParallel.prefill,
-                        d.contextParallel.decode, d.dataParallel, d.expertParallel)
-    return prefill, decode
-
-
-def kv_bytes_per_gpu(bpt: BytesPerToken, tokens: int, layout: RoleLayout) -> int:
+def kv_bytes_per_gpu(bpt: BytesPerToken, tokens: int, layout: Layout) -> int:
     """KV of one `tokens`-long request on each GPU that holds it. DCP shards it by token
     (cdiv(tokens, DCP) per rank, as vLLM sizes it); TP and PCP replicate it (MLA's latent
     is shared by every head, and PCP all-gathers new KV to every rank); DP keeps it whole
@@ -166,7 +107,7 @@ def sparse_prefill_workspace_bytes(arch: Architecture, max_tokens: int) -> int:
     return factor * max_tokens * (arch.kvLoraRank + arch.qkRopeHeadDim) * 2
 
 
-def weights_bytes_per_gpu(arch: Architecture, layout: RoleLayout) -> Optional[int]:
+def weights_bytes_per_gpu(arch: Architecture, layout: Layout) -> Optional[int]:
     if arch.parameterBytes is None:
         return None
     total = parse_bytes(arch.parameterBytes, "spec.model.architecture.parameterBytes")
@@ -180,7 +121,7 @@ def weights_bytes_per_gpu(arch: Architecture, layout: RoleLayout) -> Optional[in
 
 
 def kv_budget_per_gpu(spec: LongContextDeploymentSpec, arch: Architecture,
-                      layout: RoleLayout) -> Budget:
+                      layout: Layout) -> Budget:
     cap = spec.capacity
     if cap.kvBudgetPerGpu is not None:
         return Budget(parse_bytes(cap.kvBudgetPerGpu, "spec.capacity.kvBudgetPerGpu"),
@@ -198,7 +139,7 @@ def kv_budget_per_gpu(spec: LongContextDeploymentSpec, arch: Architecture,
 # ------------------------------------------------------------ arithmetic intensity
 
 
-def heads_per_gpu(arch: Architecture, layout: RoleLayout) -> int:
+def heads_per_gpu(arch: Architecture, layout: Layout) -> int:
     """Query heads one GPU's sparse-MLA kernel serves: TP splits the heads; DCP all-gathers
     the queries of its group (TP8 + DCP8 gathers 64); PCP keeps every head on every rank."""
     return min(arch.attentionHeads,
@@ -308,9 +249,9 @@ def _ceil_gi(value: int) -> str:
 
 
 @dataclass(frozen=True)
-class RolePlan:
+class RoleCapacity:
     role: str
-    layout: RoleLayout
+    layout: Layout
     budget: Budget
     kv_bytes_per_gpu: int
     fits: bool
@@ -357,8 +298,8 @@ class CapacityPlan:
     max_context_tokens: int
     bytes_per_token: BytesPerToken
     request_bytes: int
-    prefill: RolePlan
-    decode: RolePlan
+    prefill: RoleCapacity
+    decode: RoleCapacity
     refusal: Optional[str] = None
     notes: tuple[str, ...] = field(default=())
 
@@ -394,17 +335,17 @@ def _budget_text(budget: Budget) -> str:
             f"({_gib(budget.weights)} GiB) and activations ({_gib(budget.reserve)} GiB)")
 
 
-def _max_tokens(bpt: BytesPerToken, budget: Budget, layout: RoleLayout) -> int:
+def _max_tokens(bpt: BytesPerToken, budget: Budget, layout: Layout) -> int:
     if budget.kv is None or budget.kv <= 0:
         return 0
     return budget.kv * layout.pipelineParallel // bpt.total * layout.decodeContextParallel
 
 
-def _smallest_dcp(bpt: BytesPerToken, tokens: int, budget: Budget, layout: RoleLayout,
+def _smallest_dcp(bpt: BytesPerToken, tokens: int, budget: Budget, layout: Layout,
                   largest: int) -> Optional[int]:
     n = 1
     while n <= largest:
-        trial = RoleLayout(**{**layout.__dict__, "decodeContextParallel": n})
+        trial = layout.with_dcp(n)
         if _fits_budget(kv_bytes_per_gpu(bpt, tokens, trial), budget):
             return n
         n *= 2
@@ -418,7 +359,7 @@ def _unknown_budget_refusal(role: str) -> str:
 
 
 def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: BytesPerToken,
-                  layout: RoleLayout) -> RolePlan:
+                  layout: Layout) -> RoleCapacity:
     tokens = spec.maxContextTokens
     budget = kv_budget_per_gpu(spec, arch, layout)
     need = kv_bytes_per_gpu(bpt, tokens, layout)
@@ -436,7 +377,7 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
         n = _smallest_dcp(bpt, tokens, budget, layout, largest)
         if n is not None:
             dp = layout.gpusPerPod // (n * layout.tensorParallel * layout.pipelineParallel)
-            trial = RoleLayout(**{**layout.__dict__, "decodeContextParallel": n})
+            trial = layout.with_dcp(n)
             refusal += (f" Set spec.prefill.contextParallel.prefill and "
                         f"spec.prefill.contextParallel.decode to {n} (the smallest decode "
                         f"context parallelism that fits: {_gib(kv_bytes_per_gpu(bpt, tokens, trial))}"
@@ -450,13 +391,13 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
         else:
             refusal += (f" Even decode context parallelism {largest} does not fit: lower "
                         f"spec.maxContextTokens to at most "
-                        f"{_max_tokens(bpt, budget, RoleLayout(**{**layout.__dict__, 'decodeContextParallel': largest}))}.")
+                        f"{_max_tokens(bpt, budget, layout.with_dcp(largest))}.")
         if budget.source == "estimate":
             refusal += (" If the estimate is too low for your engine, set "
                         "spec.capacity.kvBudgetPerGpu.")
     offload = parse_bytes(spec.prefill.cpuOffloadPerRank, "spec.prefill.cpuOffloadPerRank")
     heads = heads_per_gpu(arch, layout)
-    return RolePlan(
+    return RoleCapacity(
         role="prefill", layout=layout, budget=budget, kv_bytes_per_gpu=need, fits=fits,
         max_concurrent=per_rank * layout.ranks, heads_per_gpu=heads,
         flops_per_byte=sparse_mla_flops_per_byte(arch, heads, spec.engine.kvCacheDtype),
@@ -467,7 +408,7 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
 
 
 def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: BytesPerToken,
-                 layout: RoleLayout) -> RolePlan:
+                 layout: Layout) -> RoleCapacity:
     tokens = spec.maxContextTokens
     dtype = spec.engine.kvCacheDtype
     budget = kv_budget_per_gpu(spec, arch, layout)
@@ -531,7 +472,7 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
                        "GPU pages. Set spec.decode.hiSparse.enabled to true with "
                        f"spec.decode.hiSparse.hostPoolPerRank of at least {_ceil_gi(min_pool)}")
             largest = layout.gpusPerPod // (layout.pipelineParallel * layout.prefillContextParallel)
-            trial_base = RoleLayout(**{**layout.__dict__, "tensorParallel": 1})
+            trial_base = dataclasses.replace(layout, tensorParallel=1)
             n = _smallest_dcp(bpt, tokens, budget, trial_base, largest)
             if n is not None and n > 1:
                 dp = layout.gpusPerPod // (n * layout.pipelineParallel
@@ -544,7 +485,7 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
             if budget.source == "estimate":
                 refusal += (" If the estimate is too low for your engine, set "
                             "spec.capacity.kvBudgetPerGpu.")
-    return RolePlan(
+    return RoleCapacity(
         role="decode", layout=layout, budget=budget, kv_bytes_per_gpu=need, fits=fits,
         max_concurrent=per_rank * layout.ranks, heads_per_gpu=heads,
         flops_per_byte=sparse_mla_flops_per_byte(arch, heads, dtype),

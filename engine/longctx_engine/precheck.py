@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional
 
 from .api import LongContextDeploymentSpec
 from .quantity import GiB
-from .recipes import (hisparse_bytes_per_rank, layout, offload_bytes_per_rank, shm_bytes)
+from .roles import role_plan
 
 SHM_PATH = "/dev/shm"
 MEMINFO_PATH = "/proc/meminfo"
@@ -36,7 +36,7 @@ class CheckResult:
         return f"[{tag}] {self.name}: {self.message}"
 
 
-def _gib(n: float) -> str:
+def _gib_text(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
@@ -117,25 +117,26 @@ class HostProbe:
 
 
 def check_shm(spec: LongContextDeploymentSpec, role: str, free: Optional[int]) -> CheckResult:
-    lay = layout(spec, role)
-    per_rank = offload_bytes_per_rank(spec, role)
+    plan = role_plan(spec, role)
+    lay = plan.layout
+    per_rank = plan.memory.offload_per_rank
     need = lay.ranks_per_pod * per_rank
     name = "/dev/shm"
     if need == 0:
         return CheckResult(name, True, "no CPU offload configured")
     if free is None:
         return CheckResult(name, False, f"cannot stat {SHM_PATH}; the CPU offload needs "
-                           f"{_gib(need)} there: mount an emptyDir with medium Memory")
-    what = (f"{lay.ranks_per_pod} rank(s) x {_gib(per_rank)} CPU offload "
-            f"(spec.{role}.cpuOffloadPerRank) = {_gib(need)}")
+                           f"{_gib_text(need)} there: mount an emptyDir with medium Memory")
+    what = (f"{lay.ranks_per_pod} rank(s) x {_gib_text(per_rank)} CPU offload "
+            f"(spec.{role}.cpuOffloadPerRank) = {_gib_text(need)}")
     if free < need:
         return CheckResult(name, False,
-                           f"{_gib(free)} free but {what} must fit (vLLM would fail with "
+                           f"{_gib_text(free)} free but {what} must fit (vLLM would fail with "
                            f"'Insufficient space in /dev/shm' after loading the model); mount "
                            f"/dev/shm as an emptyDir with medium Memory and sizeLimit of at "
-                           f"least {_gib(shm_bytes(spec, role))}, or lower "
+                           f"least {_gib_text(plan.memory.shm)}, or lower "
                            f"spec.{role}.cpuOffloadPerRank")
-    return CheckResult(name, True, f"{_gib(free)} free for {what}")
+    return CheckResult(name, True, f"{_gib_text(free)} free for {what}")
 
 
 def check_host_memory(spec: LongContextDeploymentSpec, role: str,
@@ -143,18 +144,18 @@ def check_host_memory(spec: LongContextDeploymentSpec, role: str,
     """HiSparse pools (pinned per rank) plus the CPU offload (tmpfs pages) must fit in the
     host's available RAM; vLLM itself refuses a pinned pool above 95% of it, but only
     after the weights are loaded."""
-    lay = layout(spec, role)
-    n = lay.ranks_per_pod
-    pools = n * hisparse_bytes_per_rank(spec, role)
-    offload = n * offload_bytes_per_rank(spec, role)
+    plan = role_plan(spec, role)
+    memory, n = plan.memory, plan.layout.ranks_per_pod
+    pools = n * memory.hisparse_per_rank
+    offload = n * memory.offload_per_rank
     need = pools + offload
     name = "host memory"
     parts = []
     if pools:
-        parts.append(f"HiSparse pins {n} x {_gib(pools / n)} = {_gib(pools)} "
+        parts.append(f"HiSparse pins {n} x {_gib_text(pools / n)} = {_gib_text(pools)} "
                      "(spec.decode.hiSparse.hostPoolPerRank)")
     if offload:
-        parts.append(f"the CPU offload holds {n} x {_gib(offload / n)} = {_gib(offload)} "
+        parts.append(f"the CPU offload holds {n} x {_gib_text(offload / n)} = {_gib_text(offload)} "
                      f"(spec.{role}.cpuOffloadPerRank)")
     if need == 0:
         return CheckResult(name, True, "no HiSparse pool or CPU offload configured")
@@ -167,23 +168,23 @@ def check_host_memory(spec: LongContextDeploymentSpec, role: str,
         fields = (["spec.decode.hiSparse.hostPoolPerRank"] if pools else []) + (
             [f"spec.{role}.cpuOffloadPerRank"] if offload else [])
         return CheckResult(name, False,
-                           f"{what}: {_gib(need)} > {HISPARSE_RAM_FRACTION:.0%} of the "
-                           f"{_gib(available)} host RAM available; lower "
+                           f"{what}: {_gib_text(need)} > {HISPARSE_RAM_FRACTION:.0%} of the "
+                           f"{_gib_text(available)} host RAM available; lower "
                            f"{' or '.join(fields)}, or use nodes with more memory "
                            "(vLLM checks the host's RAM, not the pod's memory limit)")
-    return CheckResult(name, True, f"{what}; {_gib(available)} available")
+    return CheckResult(name, True, f"{what}; {_gib_text(available)} available")
 
 
 def check_gpus(spec: LongContextDeploymentSpec, role: str, visible: Optional[int],
                source: str = "") -> CheckResult:
-    lay = layout(spec, role)
-    need = lay.ranks_per_pod * lay.rank_gpus
-    what = (f"{lay.ranks_per_pod} rank(s) x {lay.rank_gpus} GPU(s) (tensorParallel x "
+    lay = role_plan(spec, role).layout
+    need = lay.ranks_per_pod * lay.gpus_per_rank
+    what = (f"{lay.ranks_per_pod} rank(s) x {lay.gpus_per_rank} GPU(s) (tensorParallel x "
             f"pipelineParallel x contextParallel.prefill of spec.{role}) = {need}")
     name = "GPUs"
     if visible is None:
         return CheckResult(name, False, f"no GPU visible ({source}); the layout needs {what}; "
-                           f"request nvidia.com/gpu: {lay.gpus_per_pod} on the container")
+                           f"request nvidia.com/gpu: {lay.gpusPerPod} on the container")
     if visible < need:
         return CheckResult(name, False, f"{visible} visible ({source}) but the layout needs "
                            f"{what}; request nvidia.com/gpu: {need} or lower "

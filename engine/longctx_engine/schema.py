@@ -10,6 +10,8 @@ applies. Field names are the API's camelCase names, so there is no mapping layer
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import types
 import typing
 from typing import Any, ClassVar
@@ -29,11 +31,70 @@ class Preserved(dict):
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A CEL validation rule with the message the user sees when it fails."""
+    """A validation rule, declared once: `rule` is CEL for the API server and, being written
+    in the subset of CEL that `holds` translates, also the offline check. `message` names
+    the field and the fix; `{self.path}` placeholders show the offending values."""
 
     rule: str
     message: str
-    transition: bool = False  # reads oldSelf: checked on update only
+
+    def holds(self, subject: Any) -> bool:
+        """Evaluates the rule offline on a typed API object (or a field value)."""
+        return bool(eval(_python_expression(self.rule), {"__builtins__": {}, "len": len},
+                         {"self": subject}))
+
+    def render(self, subject: Any) -> str:
+        """The message with its placeholders filled, as the API server renders it."""
+        return _PLACEHOLDER.sub(lambda m: _cel_string(_resolve(subject, m.group(1))),
+                                self.message)
+
+    def cel(self) -> dict[str, str]:
+        """The x-kubernetes-validations entry."""
+        if not _PLACEHOLDER.search(self.message):
+            return {"rule": self.rule, "message": self.message}
+        parts, last = [], 0
+        for m in _PLACEHOLDER.finditer(self.message):
+            parts += [_cel_literal(self.message[last:m.start()]), f"string({m.group(1)})"]
+            last = m.end()
+        parts.append(_cel_literal(self.message[last:]))
+        return {"rule": self.rule,
+                "messageExpression": " + ".join(p for p in parts if p != '""')}
+
+
+_PLACEHOLDER = re.compile(r"\{(self(?:\.\w+)*)\}")
+# The CEL subset rules are written in: paths on self, has(), .size(), integer arithmetic,
+# comparisons, `in` on list literals, map literals, !, && and ||. No ternaries.
+_CEL_TO_PYTHON = ((re.compile(r"has\((self(?:\.\w+)+)\)"), r"(\1 is not None)"),
+                  (re.compile(r"(self(?:\.\w+)*)\.size\(\)"), r"len(\1)"),
+                  (re.compile(r"&&"), " and "), (re.compile(r"\|\|"), " or "),
+                  (re.compile(r"!(?!=)"), " not "), (re.compile(r"\btrue\b"), "True"),
+                  (re.compile(r"\bfalse\b"), "False"), (re.compile(r"(?<![/])/(?![/])"), "//"))
+
+
+@functools.lru_cache(maxsize=None)
+def _python_expression(rule: str) -> Any:
+    expr = rule
+    for pattern, repl in _CEL_TO_PYTHON:
+        expr = pattern.sub(repl, expr)
+    return compile(expr.strip(), f"<rule {rule}>", "eval")
+
+
+def _resolve(subject: Any, path: str) -> Any:
+    value = subject
+    for name in path.split(".")[1:]:
+        value = value[name] if isinstance(value, dict) else getattr(value, name)
+    return value
+
+
+def _cel_string(value: Any) -> str:
+    """What CEL's string() gives for a value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _cel_literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def api_field(doc: str, default: Any = _MISSING, *, minimum: int | None = None,
@@ -121,7 +182,7 @@ def object_schema(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
-    cel: list[dict[str, Any]] = [{"rule": r.rule, "message": r.message} for r in cls.CEL]
+    cel: list[dict[str, Any]] = [r.cel() for r in cls.CEL]
     for f in dataclasses.fields(cls):
         meta = f.metadata
         schema = dict(_type_schema(hints[f.name]))
@@ -138,8 +199,7 @@ def object_schema(cls: type) -> dict[str, Any]:
             if meta[key] is not None:
                 schema[name] = list(meta[key]) if key == "enum" else meta[key]
         for r in meta["rules"]:
-            schema.setdefault("x-kubernetes-validations", []).append(
-                {"rule": r.rule, "message": r.message})
+            schema.setdefault("x-kubernetes-validations", []).append(r.cel())
         if f.default is not _MISSING and f.default is not None:
             schema["default"] = _default_json(f.default)
         elif f.default_factory is not _MISSING:  # type: ignore[misc]

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from longctx_engine import api
+from longctx_engine.rules import RecipeError
 from longctx_engine.schema import SpecError
 
 
@@ -73,20 +74,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if capacity.fits else 3
 
 
+class ManifestDumper(yaml.SafeDumper):
+    """Writes every repeated value out in full: manifests are read by people and diff tools,
+    which `&id001` / `*id001` aliases defeat."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def cmd_render(args: argparse.Namespace) -> int:
+    from longctx_engine.roles import serving_plan
+
     from .desired import desired_objects
 
     cr = read_manifest(args.file)
     cr["metadata"].setdefault("uid", "")
-    spec = api.load_spec(cr.get("spec"))
-    objects = desired_objects(cr, spec, with_pod_monitor=args.pod_monitor)
+    plan = serving_plan(api.load_spec(cr.get("spec")), cr["metadata"].get("name"))
+    objects = desired_objects(cr, plan, with_pod_monitor=args.pod_monitor)
     for obj in objects:
         # Plain manifests belong to whoever applies them (a GitOps tool), not to a CR.
         obj["metadata"].pop("ownerReferences", None)
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
     else:
-        print(yaml.safe_dump_all(objects, sort_keys=False, width=100), end="")
+        print(yaml.dump_all(objects, Dumper=ManifestDumper, sort_keys=False, width=100), end="")
     return 0
 
 
@@ -94,6 +105,18 @@ def cmd_crd(args: argparse.Namespace) -> int:
     from .crd import render_crd_yaml
 
     text = render_crd_yaml()
+    if args.write:
+        for path in args.write:
+            Path(path).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_rbac(args: argparse.Namespace) -> int:
+    from .rbac import render_rules_yaml
+
+    text = render_rules_yaml()
     if args.write:
         for path in args.write:
             Path(path).write_text(text)
@@ -115,6 +138,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from . import main  # noqa: F401  (importing it registers the handlers)
 
+    os.environ["LONGCTX_NAMESPACES"] = ",".join(args.namespace or ())
     os.environ["LONGCTX_METRICS_PORT"] = str(args.metrics_port)
     os.environ["LONGCTX_METRICS_ADDRESS"] = args.metrics_address
     kopf.configure(verbose=args.verbose)
@@ -159,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", nargs="*", help="files to write instead of printing")
     p.set_defaults(func=cmd_crd)
 
+    p = sub.add_parser("rbac", help="print (or --write) the operator's generated RBAC rules")
+    p.add_argument("--write", nargs="*", help="files to write instead of printing")
+    p.set_defaults(func=cmd_rbac)
+
     p = sub.add_parser("operator", help="run the operator (Kopf)")
     p.add_argument("--namespace", action="append", help="watch only these namespaces "
                    "(repeatable); default: all")
@@ -177,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except SpecError as exc:
+    except (SpecError, RecipeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

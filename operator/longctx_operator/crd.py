@@ -86,12 +86,7 @@ def build_crd() -> dict[str, Any]:
             "spec": object_schema(api.LongContextDeploymentSpec),
             "status": STATUS_SCHEMA,
         },
-        "x-kubernetes-validations": [{
-            "rule": f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
-            "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters so that "
-                       "the StatefulSet names derived from it (<name>-prefill plus a revision "
-                       "hash) stay within Kubernetes' 63-character limit; choose a shorter name",
-        }],
+        "x-kubernetes-validations": [api.NAME_RULE.cel()],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

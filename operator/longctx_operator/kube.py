@@ -1,5 +1,6 @@
 """Kubernetes API access for the operator: get, server-side apply, delete and status
-patches for any manifest, with retries on conflicts, throttling and server errors."""
+patches for any manifest, with retries on conflicts, throttling and server errors. Reads
+of watched kinds come from the watch caches (cache.py) once those are attached and synced."""
 
 from __future__ import annotations
 
@@ -8,26 +9,22 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from longctx_engine.contract import FIELD_MANAGER, KIND_BY_NAME, Kind
+
 from . import metrics
-from .naming import FIELD_MANAGER
+
+if TYPE_CHECKING:
+    from .cache import Caches
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Plural resource names of every kind the operator reads or writes.
-PLURALS = {
-    "ConfigMap": "configmaps", "Service": "services", "ServiceAccount": "serviceaccounts",
-    "Pod": "pods", "Event": "events", "StatefulSet": "statefulsets", "Deployment": "deployments",
-    "PodDisruptionBudget": "poddisruptionbudgets", "Role": "roles", "RoleBinding": "rolebindings",
-    "InferencePool": "inferencepools", "HTTPRoute": "httproutes", "PodMonitor": "podmonitors",
-    "LongContextDeployment": "longcontextdeployments",
-    "CustomResourceDefinition": "customresourcedefinitions",
-}
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 
 
@@ -35,11 +32,16 @@ class KubeError(RuntimeError):
     """An API call failed for good; the message names the object and the API's reason."""
 
 
-def _path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+def collection_path(kind: Kind, namespace: str | None) -> str:
+    base = f"/api/{kind.api_version}" if "/" not in kind.api_version else \
+        f"/apis/{kind.api_version}"
     ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{ns}/{kind.plural}"
+
+
+def _path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
     tail = f"/{name}" if name else ""
-    return f"{base}{ns}/{PLURALS[kind]}{tail}"
+    return collection_path(KIND_BY_NAME[kind], namespace) + tail
 
 
 class Kube:
@@ -50,6 +52,8 @@ class Kube:
         self.api = api_client or kubernetes.client.ApiClient()
         self.attempts = attempts
         self.backoff = backoff
+        self.caches: Caches | None = None
+        self._crds: dict[str, tuple[float, bool]] = {}
 
     @classmethod
     def from_environment(cls) -> "Kube":
@@ -93,10 +97,42 @@ class Kube:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
+    @contextmanager
+    def stream(self, path: str, query: list, read_timeout: float) -> Iterator[Any]:
+        """A streamed GET (a watch): yields the response, whose iteration gives lines."""
+        _, url, headers, _, _ = self.api.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        response = self.api.rest_client.pool_manager.request(
+            "GET", url, headers=headers, preload_content=False,
+            timeout=urllib3.Timeout(connect=10, read=read_timeout))
+        try:
+            if response.status != 200:
+                raise KubeError(f"watch {path}: HTTP {response.status}: "
+                                f"{response.read().decode(errors='replace')[:300]}")
+            yield response
+        finally:
+            response.release_conn()
+
+    def list_raw(self, kind: Kind, namespace: str | None, label_selector: str) -> dict[str, Any]:
+        """A LIST's whole body (items and the list's resourceVersion)."""
+        try:
+            return self._call("GET", collection_path(kind, namespace),
+                              query=[("labelSelector", label_selector)])
+        except ApiException as exc:
+            raise KubeError(describe(exc, f"list {kind.kind} in {namespace or 'all namespaces'}")
+                            ) from exc
+
+    def _cached(self, kind: str, namespace: str | None):
+        return self.caches.store(kind) if self.caches is not None and namespace else None
+
     # -- objects
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str
             ) -> dict[str, Any] | None:
+        store = self._cached(kind, namespace)
+        if store is not None:
+            return store.get(namespace or "", name)
         try:
             return self._call("GET", _path(api_version, kind, namespace, name))
         except ApiException as exc:
@@ -106,6 +142,9 @@ class Kube:
 
     def list(self, api_version: str, kind: str, namespace: str | None,
              label_selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        store = self._cached(kind, namespace)
+        if store is not None:
+            return store.select(namespace or "", label_selector or {})
         query = []
         if label_selector:
             query.append(("labelSelector", ",".join(f"{k}={v}" for k, v in label_selector.items())))
@@ -128,6 +167,9 @@ class Kube:
             raise KubeError(describe(exc, f"apply {manifest['kind']} "
                                           f"{meta.get('namespace')}/{meta['name']}")) from exc
         metrics.API_WRITES.labels(kind=manifest["kind"], verb="apply").inc()
+        store = self._cached(manifest["kind"], meta.get("namespace"))
+        if store is not None and out:
+            store.upsert(out)   # the next reconcile must not re-apply from a lagging cache
         return out
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
@@ -138,6 +180,9 @@ class Kube:
             if exc.status != 404:
                 raise KubeError(describe(exc, f"delete {kind} {namespace}/{name}")) from exc
         metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
+        store = self._cached(kind, namespace)
+        if store is not None:
+            store.remove({"metadata": {"namespace": namespace, "name": name}})
 
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                      status: dict[str, Any]) -> None:
@@ -151,12 +196,18 @@ class Kube:
             raise KubeError(describe(exc, f"update status of {kind} {namespace}/{name}")) from exc
         metrics.API_WRITES.labels(kind=kind, verb="status").inc()
 
-    def crd_exists(self, name: str) -> bool:
+    def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
+        """Whether a CRD is installed, asked at most once a minute."""
+        checked = self._crds.get(name)
+        if checked and time.monotonic() - checked[0] < max_age:
+            return checked[1]
         try:
-            return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
-                            name) is not None
+            found = self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
+                             name) is not None
         except KubeError:
-            return False  # no permission to read CRDs: treat the optional kind as absent
+            found = False  # no permission to read CRDs: treat the optional kind as absent
+        self._crds[name] = (time.monotonic(), found)
+        return found
 
 
 def describe(exc: ApiException, what: str) -> str:

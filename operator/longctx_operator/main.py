@@ -1,5 +1,6 @@
 """Kopf handlers: thin. Every event of a LongContextDeployment or of one of its children
-asks for one level-based reconcile of that CR; bursts of events are coalesced.
+asks for one level-based reconcile of that CR; bursts of events are coalesced. A child's
+event is put into the watch cache (cache.py) before the reconcile reads it.
 
 No handler stores progress or adds finalizers: children are garbage-collected through
 their ownerReferences, and the status is recomputed from the children each time.
@@ -7,6 +8,7 @@ their ownerReferences, and the status is recomputed from the children each time.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -15,22 +17,18 @@ from typing import Any, Callable
 
 import kopf
 
-from longctx_engine import api
+from longctx_engine import contract
 
-from . import metrics, naming
+from . import metrics
+from .cache import Caches
 from .kube import Kube, KubeError
 from .reconcile import reconcile
 
 log = logging.getLogger(__name__)
-MANAGED = {"app.kubernetes.io/managed-by": naming.FIELD_MANAGER}
-# Children whose events matter: (group, version, plural).
-CHILD_RESOURCES = (
-    ("apps", "v1", "statefulsets"), ("apps", "v1", "deployments"), ("", "v1", "services"),
-    ("", "v1", "configmaps"), ("", "v1", "pods"), ("", "v1", "serviceaccounts"),
-    ("policy", "v1", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("inference.networking.k8s.io", "v1", "inferencepools"),
-)
+MANAGED = {contract.MANAGED_BY_LABEL: contract.FIELD_MANAGER}
+# How long the startup waits for the caches' first lists before serving events anyway
+# (reads fall back to the API server until a kind is listed).
+CACHE_SYNC_SECONDS = 30
 
 
 class Coalescer:
@@ -112,14 +110,22 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = int(os.environ.get("LONGCTX_WORKERS", "8"))
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     State.kube = Kube.from_environment()
+    namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
+    State.kube.caches = Caches(State.kube, namespaces)
+    State.kube.caches.start()
+    if not State.kube.caches.wait_synced(CACHE_SYNC_SECONDS):
+        log.warning("watch caches not synced after %d s; reading from the API server until "
+                    "they are", CACHE_SYNC_SECONDS)
     port = os.environ.get("LONGCTX_METRICS_PORT")
     if port:
         metrics.serve(int(port), os.environ.get("LONGCTX_METRICS_ADDRESS", "127.0.0.1"))
 
 
 @kopf.on.cleanup()
-def stop_retries(**_: Any) -> None:
+def stop(**_: Any) -> None:
     State.retries.cancel_all()
+    if State.kube is not None and State.kube.caches is not None:
+        State.kube.caches.stop()
 
 
 def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
@@ -128,7 +134,7 @@ def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
     assert kube is not None, "the startup handler did not run"
 
     def once() -> None:
-        cr = kube.get(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name)
+        cr = kube.get(contract.API_VERSION, contract.KIND, namespace, name)
         if cr is None or cr["metadata"].get("deletionTimestamp"):
             State.phases.pop((namespace, name), None)
             _export_phases()
@@ -158,7 +164,7 @@ def _export_phases() -> None:
         metrics.CRS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
 def deployment_event(type: str, namespace: str, name: str, logger: logging.Logger,
                      **_: Any) -> None:
     if type == "DELETED":
@@ -168,12 +174,18 @@ def deployment_event(type: str, namespace: str, name: str, logger: logging.Logge
     reconcile_named(namespace, name, logger)
 
 
-def _child_event(type: str, namespace: str, labels: dict[str, str], logger: logging.Logger,
-                 **_: Any) -> None:
-    cr_name = labels.get("app.kubernetes.io/instance")
+def _child_event(type: str, body: kopf.Body, namespace: str, labels: dict[str, str],
+                 logger: logging.Logger, **_: Any) -> None:
+    caches = State.kube.caches if State.kube is not None else None
+    store = caches.stores.get(body.get("kind", "")) if caches is not None else None
+    if store is not None:
+        obj = json.loads(json.dumps(dict(body)))
+        store.remove(obj) if type == "DELETED" else store.upsert(obj)
+    cr_name = labels.get(contract.INSTANCE_LABEL)
     if cr_name:
         reconcile_named(namespace, cr_name, logger)
 
 
-for _group, _version, _plural in CHILD_RESOURCES:
-    kopf.on.event(_group, _version, _plural, labels=MANAGED, id=f"child-{_plural}")(_child_event)
+for _kind in contract.WATCHED_KINDS:
+    kopf.on.event(_kind.group, _kind.version, _kind.plural, labels=MANAGED,
+                  id=f"child-{_kind.plural}")(_child_event)

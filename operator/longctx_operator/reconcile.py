@@ -12,21 +12,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from longctx_engine import api
+from longctx_engine import api, contract
 from longctx_engine.compat import pd_compatibility
+from longctx_engine.identity import PodIdentity
 from longctx_engine.planner import plan as plan_capacity
-from longctx_engine.recipes import PodIdentity, RecipeError, build_command
+from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
+from longctx_engine.rules import RecipeError
 from longctx_engine.schema import SpecError
 
-from . import metrics, naming
+from . import metrics
 from .builders.router import picker_status
-from .desired import MANAGED_KINDS, desired_objects
+from .desired import desired_objects
 from .kube import Kube
 from .status import Observed, Refusal, compute_status, status_changed
 
 log = logging.getLogger(__name__)
-API_VERSION = f"{api.GROUP}/{api.VERSION}"
-POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
+POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
 
 
 @dataclass
@@ -58,12 +59,13 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
-def check_pair(spec: api.LongContextDeploymentSpec, cr_name: str, namespace: str) -> None:
-    """Refuses specs whose prefill and decode engines could not complete a NIXL handshake."""
-    commands = {role: build_command(spec, role, PodIdentity(
-        cr_name=cr_name, namespace=namespace, pod_name=f"{naming.statefulset(cr_name, role)}-0",
-        ordinal=0, pod_ip="0.0.0.0")) for role in naming.ROLES}
-    mismatches = pd_compatibility(commands["prefill"], commands["decode"])
+def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str) -> None:
+    """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
+    handshake. The two plans may come from different specs: the role being rolled and the
+    other role still running the previous one."""
+    commands = [plan.command(PodIdentity.first(cr_name, namespace, plan.role))
+                for plan in (prefill, decode)]
+    mismatches = pd_compatibility(*commands)
     if mismatches:
         raise RecipeError("prefill and decode engines are incompatible for NIXL: "
                           + "; ".join(mismatches))
@@ -89,6 +91,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     previous = cr.get("status") or {}
     refusal: Refusal | None = None
     plan_json: dict[str, Any] | None = None
+    plan: ServingPlan | None = None
     spec: api.LongContextDeploymentSpec | None = None
     try:
         spec = api.load_spec(cr.get("spec"))
@@ -97,36 +100,37 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         if not capacity.fits:
             refusal = Refusal("CapacityPlanned", "InsufficientKVCapacity", capacity.refusal or "")
         else:
-            check_pair(spec, name, namespace)
+            plan = serving_plan(spec, name)
+            check_pair(plan.prefill, plan.decode, name, namespace)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
 
-    if refusal is None and spec is not None:
-        _apply_children(kube, cr, spec, outcome, previous)
+    if refusal is None and plan is not None:
+        _apply_children(kube, cr, plan, outcome, previous)
 
     observed = _observe(kube, name, namespace, spec)
     if spec is None:
-        desired_replicas = dict.fromkeys(naming.ROLES, 0)
+        desired_replicas = dict.fromkeys(contract.ROLES, 0)
     elif refusal:  # report the replicas that are actually running, not the refused spec's
         desired_replicas = {role: (observed.statefulsets.get(role) or {}).get("spec", {}).get(
-            "replicas", 0) for role in naming.ROLES}
+            "replicas", 0) for role in contract.ROLES}
     else:
-        desired_replicas = {role: getattr(spec, role).replicas for role in naming.ROLES}
+        desired_replicas = {role: getattr(spec, role).replicas for role in contract.ROLES}
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
                             endpoint=_endpoint(name, namespace, spec), previous=previous)
     outcome.phase = status["phase"]
     if status_changed(previous, status):
-        kube.patch_status(API_VERSION, api.KIND, namespace, name, status)
+        kube.patch_status(contract.API_VERSION, contract.KIND, namespace, name, status)
         outcome.status_written = True
         _transition_events(previous, status, outcome)
 
 
-def _apply_children(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
-                    outcome: Outcome, previous: dict[str, Any]) -> None:
+def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: Outcome,
+                    previous: dict[str, Any]) -> None:
     meta = cr["metadata"]
-    with_monitor = spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
-    desired = desired_objects(cr, spec, with_pod_monitor=with_monitor)
+    with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
+    desired = desired_objects(cr, plan, with_pod_monitor=with_monitor)
     new_generation = previous.get("observedGeneration") != meta.get("generation")
     for obj in desired:
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
@@ -143,17 +147,17 @@ def _apply_children(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploym
                 "Repaired", "restored (a managed field had drifted)")
         outcome.events.append(("Normal", reason, f"{label} {verb}"))
     wanted = {_key(o) for o in desired}
-    for api_version, kind in MANAGED_KINDS:
-        for live in kube.list(api_version, kind, meta["namespace"],
-                              naming.selector_labels(meta["name"])):
+    for kind in contract.MANAGED_KINDS:
+        for live in kube.list(kind.api_version, kind.kind, meta["namespace"],
+                              contract.selector_labels(meta["name"])):
             owners = live["metadata"].get("ownerReferences", [])
-            if (kind, live["metadata"]["name"]) in wanted or not any(
+            if (kind.kind, live["metadata"]["name"]) in wanted or not any(
                     o.get("uid") == meta["uid"] for o in owners):
                 continue
-            kube.delete(api_version, kind, meta["namespace"], live["metadata"]["name"])
-            outcome.deleted.append(f"{kind}/{live['metadata']['name']}")
-            outcome.events.append(("Normal", "Removed", f"{kind}/{live['metadata']['name']} is "
-                                   "no longer part of the spec"))
+            kube.delete(kind.api_version, kind.kind, meta["namespace"], live["metadata"]["name"])
+            outcome.deleted.append(f"{kind.kind}/{live['metadata']['name']}")
+            outcome.events.append(("Normal", "Removed", f"{kind.kind}/{live['metadata']['name']}"
+                                   " is no longer part of the spec"))
     for kind in {o["kind"] for o in desired}:
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
 
@@ -161,11 +165,12 @@ def _apply_children(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploym
 def _observe(kube: Kube, name: str, namespace: str,
              spec: api.LongContextDeploymentSpec | None) -> Observed:
     statefulsets = {role: kube.get("apps/v1", "StatefulSet", namespace,
-                                   naming.statefulset(name, role)) for role in naming.ROLES}
-    pods = kube.list("v1", "Pod", namespace, naming.selector_labels(name))
+                                   contract.statefulset(name, role)) for role in contract.ROLES}
+    pods = kube.list("v1", "Pod", namespace, contract.selector_labels(name))
     router = None
     if spec is not None and spec.router.enabled:
-        router = picker_status(kube.get("apps/v1", "Deployment", namespace, naming.picker(name)))
+        router = picker_status(kube.get("apps/v1", "Deployment", namespace,
+                                        contract.picker(name)))
     return Observed(statefulsets=statefulsets, pods=pods, router=router)
 
 
@@ -176,8 +181,8 @@ def _endpoint(name: str, namespace: str, spec: api.LongContextDeploymentSpec | N
         gw = spec.router.gateway
         return f"gateway {gw.namespace or namespace}/{gw.name} (HTTPRoute {namespace}/{name})"
     if spec.router.enabled:
-        return f"inferencepool {namespace}/{naming.inference_pool(name)}"
-    return f"{naming.headless_service(name, 'decode')}.{namespace}.svc"
+        return f"inferencepool {namespace}/{contract.inference_pool(name)}"
+    return f"{contract.headless_service(name, 'decode')}.{namespace}.svc"
 
 
 def _transition_events(previous: dict[str, Any], status: dict[str, Any],

@@ -6,7 +6,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from . import naming
+from longctx_engine import contract
 
 # A container restarted this often (or in CrashLoopBackOff) turns the CR Degraded.
 RESTARTS_DEGRADED = 3
@@ -109,7 +109,7 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
                                         "the layout holds maxContextTokens"))
     role_conditions = [_role_condition(role, observed.statefulsets.get(role),
                                        desired_replicas.get(role, 0), observed.pods)
-                       for role in naming.ROLES]
+                       for role in contract.ROLES]
     conditions += role_conditions
     if observed.router is not None:
         ok, reason, message = observed.router

@@ -9,6 +9,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from longctx_engine import api
+from longctx_engine.roles import serving_plan
 from longctx_operator.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, wait_for
@@ -35,7 +36,8 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(cluster, na
     cr = example_cr("restart")
     cr["metadata"].update(namespace=namespace, uid="x")
     expected = {(o["kind"], o["metadata"]["name"])
-                for o in desired_objects(cr, api.load_spec(cr["spec"]), with_pod_monitor=False)}
+                for o in desired_objects(cr, serving_plan(api.load_spec(cr["spec"])),
+                                           with_pod_monitor=False)}
     assert set(final) == expected, set(final) ^ expected
     assert sorted(p["metadata"]["name"] for p in pods
                   if p["metadata"]["labels"].get("app.kubernetes.io/component") in

@@ -126,18 +126,19 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
 def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, namespace):
     """The picker makes one endpoint per (pod, pool target port) unless the pod lists its
     ports in llm-d.ai/active-ports: a PCP8 prefill pod serves one port of the eight."""
-    from longctx_engine import api
+    from longctx_engine import api, contract
+    from longctx_engine.roles import serving_plan
     from longctx_operator.builders import router
 
     cr = example_cr("glm")
     _apply_and_wait(cluster, namespace, cr)
-    spec = api.load_spec(cr["spec"])
+    plan = serving_plan(api.load_spec(cr["spec"]))
     for role in ("prefill", "decode"):
         sts = wait_for(lambda: cluster.get("statefulset", f"glm-{role}", namespace), 60,
                        f"StatefulSet glm-{role}")
         annotations = sts["spec"]["template"]["metadata"].get("annotations") or {}
-        assert annotations[router.ACTIVE_PORTS_ANNOTATION] == \
-            router.pod_annotations(spec, role)[router.ACTIVE_PORTS_ANNOTATION]
+        assert annotations[contract.ACTIVE_PORTS_ANNOTATION] == \
+            router.pod_annotations(plan.role(role))[contract.ACTIVE_PORTS_ANNOTATION]
     assert cluster.get("inferencepool", "glm", namespace)["spec"]["targetPorts"] == [
         {"number": p} for p in router.pool_target_ports(spec)]
 
@@ -338,9 +339,9 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
 
     The serving pods are created here on a node kwok does not manage, with loopback pod IPs
     (127.0.0.42-44), so whatever the picker dials stays on this machine."""
-    from longctx_engine import api
+    from longctx_engine import api, contract
     from longctx_engine.compat import pairing_key
-    from longctx_operator import naming
+    from longctx_engine.roles import serving_plan
     from longctx_operator.builders import router
 
     binary = _upstream_picker()
@@ -354,15 +355,16 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"type": "test"}},
         "spec": {"taints": [{"key": "longctx.dev/test", "effect": "NoSchedule"}]}}))
-    pods = {"glm-prefill-0": ("prefill", router.pod_annotations(spec, "prefill"), "127.0.0.42"),
-            "glm-decode-0": ("decode", router.pod_annotations(spec, "decode"), "127.0.0.43"),
+    plan = serving_plan(spec)
+    pods = {"glm-prefill-0": ("prefill", router.pod_annotations(plan.prefill), "127.0.0.42"),
+            "glm-decode-0": ("decode", router.pod_annotations(plan.decode), "127.0.0.43"),
             "glm-unannotated-0": ("prefill", {}, "127.0.0.44")}
     try:
         for name, (role, pod_annotations, ip) in pods.items():
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {
-                    **naming.serving_selector("glm", pairing_key(spec)), "llm-d.ai/role": role},
+                    **contract.serving_selector("glm", pairing_key(spec)), "llm-d.ai/role": role},
                     "annotations": pod_annotations},
                 "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "none"}],
                          "tolerations": [{"operator": "Exists"}]}}))

@@ -16,9 +16,10 @@ import json
 
 import pytest
 
-from longctx_engine import recipes
+from longctx_engine import extra_args, recipes, rules
 from longctx_engine.compat import pd_compatibility
-from longctx_engine.recipes import RecipeError, build_command, engine_ports, layout
+from longctx_engine.roles import role_plan, serving_plan
+from longctx_engine.rules import RecipeError
 
 from .variants import VARIANTS, Variant, pod, spec_with
 
@@ -70,14 +71,14 @@ def test_tier1_parse_validate_engine_args(vllm, variant: Variant):
     cmd = variant.command()
     args, ea = parse(vllm, cmd.argv)
     spec = variant.spec()
-    lay = layout(spec, variant.role)
+    lay = role_plan(spec, variant.role).layout
     assert args.model_tag == ea.model == spec.model.name
     assert ea.max_model_len == spec.maxContextTokens
     assert ea.kv_cache_dtype == "fp8_ds_mla"
-    assert ea.tensor_parallel_size == lay.tp
-    assert ea.prefill_context_parallel_size == lay.pcp
-    assert ea.decode_context_parallel_size == lay.dcp
-    assert ea.data_parallel_size == lay.dp
+    assert ea.tensor_parallel_size == lay.tensorParallel
+    assert ea.prefill_context_parallel_size == lay.prefillContextParallel
+    assert ea.decode_context_parallel_size == lay.decodeContextParallel
+    assert ea.data_parallel_size == lay.dataParallel
     assert ea.enable_expert_parallel is True
     assert ea.served_model_name in ("glm-5.3", ["glm-5.3"])
     assert ea.kv_transfer_config.kv_connector in ("MultiConnector", "NixlConnector")
@@ -87,14 +88,14 @@ def test_tier1_parse_validate_engine_args(vllm, variant: Variant):
     assert ea.kv_offloading_size is None, "never --kv-offloading-size with NIXL"
     assert ea.enable_dbo is False
     assert ea.disable_hybrid_kv_cache_manager in (None, False)
-    ports = engine_ports(spec, variant.role)
+    ports = role_plan(spec, variant.role).ports
     assert args.port == ports.http[0]
     if ports.supervisor is not None:
         assert args.data_parallel_multi_port_external_lb
         assert args.data_parallel_supervisor_port == ports.supervisor
     if variant.role == "prefill":
         assert ea.attention_config.sparse_mla_force_mqa is True
-    if lay.pcp > 1 and lay.dcp > 1:
+    if lay.prefillContextParallel > 1 and lay.decodeContextParallel > 1:
         assert ea.dcp_comm_backend == "ag_rs"
 
 
@@ -102,16 +103,16 @@ def test_tier1_multiport_children_get_the_right_ranks_and_ports(vllm, variant: V
     cmd = variant.command()
     args, _ = parse(vllm, cmd.argv)
     spec = variant.spec()
-    lay = layout(spec, variant.role)
-    ports = engine_ports(spec, variant.role)
-    first = recipes.start_rank(spec, variant.role, pod(variant.role, variant.ordinal))
+    lay = role_plan(spec, variant.role).layout
+    ports = role_plan(spec, variant.role).ports
+    first = recipes.start_rank(role_plan(spec, variant.role), pod(variant.role, variant.ordinal))
     for i in range(lay.ranks_per_pod):
         c = child_args(vllm, args, i)
         c.model = c.model_tag
         ea = vllm.AsyncEngineArgs.from_cli_args(c)
         pc = parallel_config(vllm, ea)
-        assert pc.world_size == lay.rank_gpus
-        if lay.dp > 1:
+        assert pc.world_size == lay.gpus_per_rank
+        if lay.dataParallel > 1:
             assert pc.data_parallel_rank == first + i
             assert c.port == ports.http[i]
             # NIXL listens on VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index
@@ -137,15 +138,14 @@ def test_tier2_kv_transfer_and_children(vllm, variant: Variant):
     assert names[0] == "NixlConnector"
     assert vllm.KVConnectorFactory.supports_hma_config(top) is True
     spec = variant.spec()
-    if recipes.hisparse_enabled(spec, variant.role):
-        assert vllm.hisparse_host_pool_gib(top) * 2**30 == \
-            recipes.hisparse_bytes_per_rank(spec, variant.role)
+    memory = role_plan(spec, variant.role).memory
+    if role_plan(spec, variant.role).hisparse:
+        assert vllm.hisparse_host_pool_gib(top) * 2**30 == memory.hisparse_per_rank
     else:
         assert "HiSparseConnector" not in names
     if "OffloadingConnector" in names:
         off = children[names.index("OffloadingConnector")]
-        assert off["kv_connector_extra_config"]["cpu_bytes_to_use"] == \
-            recipes.offload_bytes_per_rank(spec, variant.role)
+        assert off["kv_connector_extra_config"]["cpu_bytes_to_use"] == memory.offload_per_rank
 
 
 def test_tier2_attention_and_speculative(vllm, variant: Variant):
@@ -163,15 +163,16 @@ def test_tier2_parallel_config(vllm, variant: Variant):
     ea = vllm.AsyncEngineArgs.from_cli_args(child_args(vllm, args, 0)) \
         if args.data_parallel_multi_port_external_lb else ea
     pc = parallel_config(vllm, ea)
-    lay = layout(variant.spec(), variant.role)
-    assert pc.world_size == lay.tp * lay.pp * lay.pcp
-    assert pc.decode_context_parallel_size == lay.dcp
+    lay = role_plan(variant.spec(), variant.role).layout
+    assert pc.world_size == lay.tensorParallel * lay.pipelineParallel * lay.prefillContextParallel
+    assert pc.decode_context_parallel_size == lay.decodeContextParallel
 
 
 def test_target_pair_is_nixl_compatible():
     spec = spec_with()
-    p = build_command(spec, "prefill", pod("prefill"))
-    d = build_command(spec, "decode", pod("decode"))
+    plan = serving_plan(spec)
+    p = plan.prefill.command(pod("prefill"))
+    d = plan.decode.command(pod("decode"))
     assert pd_compatibility(p, d) == []
 
 
@@ -253,7 +254,7 @@ def test_vllm_rejects_zero_draft_tokens(vllm):
 ])
 def test_recipes_refuse_known_bad_combinations(edit, needle):
     with pytest.raises(RecipeError, match=needle):
-        recipes.validate(spec_with(edit))
+        rules.validate(spec_with(edit))
 
 
 def test_vllm_does_not_catch_what_we_refuse(vllm):
@@ -269,12 +270,12 @@ def test_managed_flag_table_covers_every_vllm_spelling(vllm):
     as managed by our extraArgs check (aliases, negations), and no managed name is a typo."""
     known = set()
     for action in vllm.parser._actions:
-        names = [recipes.parse_flags([s])[0].name for s in action.option_strings]
+        names = [extra_args.parse_flags([s])[0].name for s in action.option_strings]
         known.update(s.lstrip("-") for s in action.option_strings)
-        if any(n in recipes._MANAGED for n in names):
+        if any(n in extra_args.MANAGED_FLAGS for n in names):
             for s, n in zip(action.option_strings, names):
-                assert n in recipes._MANAGED, f"{s} ({action.dest}) is not recognised as managed"
-    missing = [m for m in recipes._MANAGED if m not in known and m != "model-tag"]
+                assert n in extra_args.MANAGED_FLAGS, f"{s} ({action.dest}) is not recognised as managed"
+    missing = [m for m in extra_args.MANAGED_FLAGS if m not in known and m != "model-tag"]
     assert not missing, f"managed flags unknown to vLLM {vllm.version}: {missing}"
 
 
@@ -290,6 +291,6 @@ def test_serve_picks_one_lb_mode_and_launcher(vllm, variant: Variant, monkeypatc
     monkeypatch.setattr(serve.uvloop, "run", lambda coro: (coro.close(), launched.append("single")))
     args = vllm.parser.parse_args(variant.command().argv[2:])
     serve.ServeSubcommand.cmd(args)
-    lay = layout(variant.spec(), variant.role)
+    lay = role_plan(variant.spec(), variant.role).layout
     assert launched == ["supervisor" if lay.dp_mode == "multi-port" else "single"]
     assert args.api_server_count in (1, None)

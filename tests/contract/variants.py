@@ -10,7 +10,9 @@ from typing import Any, Callable
 import yaml
 
 from longctx_engine.api import LongContextDeploymentSpec, load_spec
-from longctx_engine.recipes import EngineCommand, PodIdentity, build_command
+from longctx_engine.identity import PodIdentity
+from longctx_engine.recipes import EngineCommand
+from longctx_engine.roles import serving_plan
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -32,9 +34,9 @@ def spec_with(edit: Callable[[dict], None] | None = None) -> LongContextDeployme
 
 
 def seed_spec(edit: Callable[[dict], None] | None = None) -> LongContextDeploymentSpec:
-    """The example with the decode pools of vllm-engine.md section 0 (48 GiB HiSparse pool,
-    16 GiB offload per rank), so tests can compare with the reference command lines
-    whatever the example file's current sizing is."""
+    """The example with the seed's decode pools (48 GiB HiSparse pool, 16 GiB offload per
+    rank), so tests can compare with the reference command lines whatever the example
+    file's current sizing is."""
     def both(d: dict) -> None:
         d["decode"]["hiSparse"]["hostPoolPerRank"] = "48Gi"
         d["decode"]["cpuOffloadPerRank"] = "16Gi"
@@ -87,7 +89,7 @@ class Variant:
         return spec_with(self.edit)
 
     def command(self) -> EngineCommand:
-        return build_command(self.spec(), self.role, pod(self.role, self.ordinal))
+        return serving_plan(self.spec()).role(self.role).command(pod(self.role, self.ordinal))
 
 
 VARIANTS = [

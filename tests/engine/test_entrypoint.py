@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from longctx_engine import entrypoint
-from longctx_engine.engine_config import (CONFIG_DIR, CONFIG_KEY, EngineConfigError,
-                                          parse_engine_config, read_engine_config,
-                                          render_engine_config)
+from longctx_engine.contract import CONFIG_DIR, CONFIG_KEY
+from longctx_engine.engine_config import (EngineConfigError, parse_engine_config,
+                                          read_engine_config, render_engine_config)
 from longctx_engine.precheck import HostProbe
 from longctx_engine.quantity import GiB
 from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with

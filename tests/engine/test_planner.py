@@ -13,6 +13,7 @@ import yaml
 
 from longctx_engine import api, models, planner
 from longctx_engine.api import load_spec
+from longctx_engine.layout import Layout
 from longctx_engine.quantity import GiB
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,17 +68,17 @@ def test_one_million_token_request_is_53_4_gib():
 ])
 def test_kv_per_gpu_under_context_parallelism(pcp, dcp, dp, expected_gib):
     bpt = planner.kv_bytes_per_token(GLM)
-    layout = planner.RoleLayout(prefillContextParallel=pcp, decodeContextParallel=dcp,
+    layout = Layout(prefillContextParallel=pcp, decodeContextParallel=dcp,
                                 dataParallel=dp)
     assert planner.kv_bytes_per_gpu(bpt, ONE_M, layout) / GiB == \
         pytest.approx(expected_gib, abs=0.05)
 
 
 @pytest.mark.parametrize("layout, heads, flops_per_byte", [
-    (planner.RoleLayout(tensorParallel=8), 8, 26),                         # TP8
-    (planner.RoleLayout(prefillContextParallel=8), 64, 191),               # PCP8
-    (planner.RoleLayout(prefillContextParallel=8, decodeContextParallel=8), 64, 191),
-    (planner.RoleLayout(tensorParallel=8, decodeContextParallel=8), 64, 191),  # DCP Q gather
+    (Layout(tensorParallel=8), 8, 26),                         # TP8
+    (Layout(prefillContextParallel=8), 64, 191),               # PCP8
+    (Layout(prefillContextParallel=8, decodeContextParallel=8), 64, 191),
+    (Layout(tensorParallel=8, decodeContextParallel=8), 64, 191),  # DCP Q gather
 ])
 def test_sparse_mla_flops_per_byte(layout, heads, flops_per_byte):
     assert planner.heads_per_gpu(GLM, layout) == heads
@@ -93,8 +94,8 @@ def test_flops_per_byte_matches_footnote_arithmetic():
 
 
 @pytest.mark.parametrize("layout, seed_tokens", [
-    (planner.RoleLayout(tensorParallel=8), 32 * K),            # TP8: ~32K
-    (planner.RoleLayout(prefillContextParallel=8), 256 * K),   # PCP8: ~256K
+    (Layout(tensorParallel=8), 32 * K),            # TP8: ~32K
+    (Layout(prefillContextParallel=8), 256 * K),   # PCP8: ~256K
 ])
 def test_indexer_crossover(layout, seed_tokens):
     crossover = planner.indexer_crossover_tokens(GLM, planner.heads_per_gpu(GLM, layout))
@@ -267,7 +268,7 @@ def test_explicit_architecture_without_weights_needs_a_budget():
 
 def test_replicated_bytes_unset_divides_everything_by_the_ep_group():
     arch = GLM
-    layout = planner.RoleLayout(prefillContextParallel=8)
+    layout = Layout(prefillContextParallel=8)
     without = api.Architecture(**{**arch.__dict__, "replicatedParameterBytes": None})
     total = int(arch.parameterBytes)
     assert planner.weights_bytes_per_gpu(without, layout) == -(-total // 8)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from longctx_engine import recipes
+from longctx_engine import contract, rules
+from longctx_engine.identity import PodIdentity
 from longctx_engine.quantity import GiB
-from longctx_engine.recipes import (ENGINE_CONTAINER_COMMAND, PodIdentity, RecipeError,
-                                    build_command, engine_ports, host_memory_bytes,
-                                    ranks_per_pod, shm_bytes)
+from longctx_engine.roles import role_plan, serving_plan
+from longctx_engine.rules import RecipeError
 from tests.contract.variants import REPO, pod, seed_spec as spec_with
 
 TARGET_PREFILL = (
@@ -50,8 +50,8 @@ def kvt(cmd) -> dict:
 
 def test_target_commands_match_the_reference():
     spec = spec_with()
-    p = build_command(spec, "prefill", pod("prefill"))
-    d = build_command(spec, "decode", pod("decode"))
+    p = serving_plan(spec).role("prefill").command(pod("prefill"))
+    d = serving_plan(spec).role("decode").command(pod("decode"))
     assert p.shell() == TARGET_PREFILL
     assert d.shell() == TARGET_DECODE
     assert p.argv[:3] == ["vllm", "serve", "zai-org/GLM-5.3-FP8"]
@@ -64,7 +64,7 @@ def test_target_commands_match_the_reference():
 def test_never_generates_what_the_reference_marks_broken():
     spec = spec_with()
     for role in ("prefill", "decode"):
-        cmd = build_command(spec, role, pod(role))
+        cmd = serving_plan(spec).role(role).command(pod(role))
         text = " ".join(cmd.argv)
         assert "--kv-offloading-size" not in text
         assert "engine_id" not in text
@@ -76,7 +76,7 @@ def test_never_generates_what_the_reference_marks_broken():
 def test_dp8_prefill_baseline():
     spec = spec_with(lambda d: d["prefill"].update(
         dataParallel=8, contextParallel={"prefill": 1, "decode": 1}, cpuOffloadPerRank="64Gi"))
-    cmd = build_command(spec, "prefill", pod("prefill"))
+    cmd = serving_plan(spec).role("prefill").command(pod("prefill"))
     a = cmd.argv
     assert "--prefill-context-parallel-size" not in a and "--dcp-comm-backend" not in a
     assert a[a.index("--data-parallel-size") + 1] == "8"
@@ -85,70 +85,70 @@ def test_dp8_prefill_baseline():
     assert "--data-parallel-start-rank" not in a
     off = kvt(cmd)["kv_connector_extra_config"]["connectors"][1]
     assert off["kv_connector_extra_config"]["cpu_bytes_to_use"] == 64 * GiB
-    ports = engine_ports(spec, "prefill")
+    ports = role_plan(spec, "prefill").ports
     assert ports.http == list(range(8000, 8008)) and ports.supervisor == 8008
-    assert ports.nixl == list(range(5600, 5608)) and ports.router == []
-    assert shm_bytes(spec, "prefill") >= 8 * 64 * GiB
+    assert ports.nixl == list(range(5600, 5608))
+    assert role_plan(spec, "prefill").memory.shm >= 8 * 64 * GiB
 
 
 def test_offload_only_decode_has_no_hisparse():
     spec = spec_with(lambda d: d["decode"].update(hiSparse={"enabled": False}))
-    cmd = build_command(spec, "decode", pod("decode"))
+    cmd = serving_plan(spec).role("decode").command(pod("decode"))
     names = [c["kv_connector"] for c in kvt(cmd)["kv_connector_extra_config"]["connectors"]]
     assert names == ["NixlConnector", "OffloadingConnector"]
-    assert host_memory_bytes(spec, "decode") < host_memory_bytes(spec_with(), "decode")
+    assert role_plan(spec, "decode").memory.request < role_plan(spec_with(), "decode").memory.request
 
 
 def test_no_offload_gives_plain_nixl():
     spec = spec_with(lambda d: (d["decode"].update(hiSparse={"enabled": False},
                                                    cpuOffloadPerRank=0)))
-    assert kvt(build_command(spec, "decode", pod("decode")))["kv_connector"] == "NixlConnector"
+    assert kvt(serving_plan(spec).role("decode").command(pod("decode")))["kv_connector"] == "NixlConnector"
 
 
 def test_decode_dp_across_pods():
     spec = spec_with(lambda d: d["decode"].update(dataParallel=16, replicas=4))
     for ordinal, start, leader in ((0, 0, 0), (1, 8, 0), (2, 0, 2), (3, 8, 2)):
-        cmd = build_command(spec, "decode", pod("decode", ordinal))
+        cmd = serving_plan(spec).role("decode").command(pod("decode", ordinal))
         a = cmd.argv
         assert a[a.index("--data-parallel-size") + 1] == "16"
         assert a[a.index("--data-parallel-size-local") + 1] == "8"
         assert a[a.index("--data-parallel-start-rank") + 1] == str(start)
         assert a[a.index("--data-parallel-address") + 1] == \
             f"glm-decode-{leader}.glm-decode.llm.svc"
-        assert a[a.index("--data-parallel-rpc-port") + 1] == str(recipes.DP_RPC_PORT)
+        assert a[a.index("--data-parallel-rpc-port") + 1] == str(contract.DP_RPC_PORT)
         # NIXL ports stay 5600..5607 on every pod: base shifted by the start rank
         assert int(cmd.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) + start == 5600
-    assert engine_ports(spec, "decode").dp_rpc == recipes.DP_RPC_PORT
 
 
 def test_one_rank_per_pod_uses_external_dp_rank():
     spec = spec_with(lambda d: d["decode"].update(tensorParallel=8, dataParallel=2, replicas=2))
-    a = build_command(spec, "decode", pod("decode", 1)).argv
+    a = serving_plan(spec).role("decode").command(pod("decode", 1)).argv
     assert a[a.index("--data-parallel-rank") + 1] == "1"
     assert a[a.index("--data-parallel-size-local") + 1] == "1"
     assert "--data-parallel-multi-port-external-lb" not in a
-    assert engine_ports(spec, "decode").http == [8200]
-    assert engine_ports(spec, "decode").supervisor is None
+    assert role_plan(spec, "decode").ports.http == [8200]
+    assert role_plan(spec, "decode").ports.supervisor is None
 
 
 def test_ports_and_sizes_for_the_example():
     spec = spec_with()
-    assert ranks_per_pod(spec, "prefill") == 1 and ranks_per_pod(spec, "decode") == 8
-    p, d = engine_ports(spec, "prefill"), engine_ports(spec, "decode")
-    assert (p.http, p.supervisor, p.nixl, p.router, p.dp_rpc) == ([8000], None, [5600], [], None)
+    assert role_plan(spec, "prefill").layout.ranks_per_pod == 1
+    assert role_plan(spec, "decode").layout.ranks_per_pod == 8
+    p, d = role_plan(spec, "prefill").ports, role_plan(spec, "decode").ports
+    assert (p.http, p.supervisor, p.nixl) == ([8000], None, [5600])
     assert d.http == list(range(8200, 8208)) and d.supervisor == 8208 and d.health == 8208
-    assert d.nixl == list(range(5600, 5608)) and d.router == list(range(8000, 8008))
-    assert shm_bytes(spec, "prefill") == 512 * GiB + 4 * GiB + 8 * GiB
-    assert shm_bytes(spec, "decode") == 8 * 16 * GiB + 12 * GiB
+    assert d.nixl == list(range(5600, 5608)) and d.serving == list(range(8000, 8008))
+    assert role_plan(spec, "prefill").memory.shm == 512 * GiB + 4 * GiB + 8 * GiB
+    assert role_plan(spec, "decode").memory.shm == 8 * 16 * GiB + 12 * GiB
     # decode: 8 x (48 HiSparse + 16 offload) + 8 x 12 worker + 8 x 4 rank + 16 pod
-    assert host_memory_bytes(spec, "decode") == (8 * 64 + 96 + 32 + 16) * GiB
-    assert host_memory_bytes(spec, "prefill") == (512 + 96 + 4 + 16) * GiB
+    assert role_plan(spec, "decode").memory.request == (8 * 64 + 96 + 32 + 16) * GiB
+    assert role_plan(spec, "prefill").memory.request == (512 + 96 + 4 + 16) * GiB
 
 
 def test_hisparse_device_buffer_and_fractional_pool():
     spec = spec_with(lambda d: d["decode"]["hiSparse"].update(deviceBufferSize=10240,
                                                              hostPoolPerRank="1.5Gi"))
-    cmd = build_command(spec, "decode", pod("decode"))
+    cmd = serving_plan(spec).role("decode").command(pod("decode"))
     att = json.loads(cmd.argv[cmd.argv.index("--attention-config") + 1])
     assert att == {"hisparse_config": {"device_buffer_size": 10240}}
     hs = kvt(cmd)["kv_connector_extra_config"]["connectors"][1]
@@ -157,7 +157,7 @@ def test_hisparse_device_buffer_and_fractional_pool():
 
 def test_extra_args_come_last():
     spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "64"]}))
-    assert build_command(spec, "decode", pod("decode")).argv[-2:] == ["--max-num-seqs", "64"]
+    assert serving_plan(spec).role("decode").command(pod("decode")).argv[-2:] == ["--max-num-seqs", "64"]
 
 
 @pytest.mark.parametrize("arg,field", [
@@ -181,7 +181,7 @@ def test_extra_args_colliding_with_managed_flags_are_refused(arg, field):
     spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "8",
                                                                         *arg]}))
     with pytest.raises(RecipeError) as e:
-        build_command(spec, "decode", pod("decode"))
+        serving_plan(spec).role("decode").command(pod("decode"))
     msg = str(e.value)
     assert "spec.engine.extraArgs.decode[2]" in msg and field in msg
     assert "remove it" in msg
@@ -189,20 +189,21 @@ def test_extra_args_colliding_with_managed_flags_are_refused(arg, field):
 
 @pytest.mark.parametrize("edit,needle", [
     (lambda d: d["prefill"]["contextParallel"].update(commBackend="a2a"),
-     "spec.prefill.contextParallel.commBackend"),
+     "spec.prefill.contextParallel: commBackend is a2a"),
     (lambda d: d["decode"].update(tensorParallel=2, dataParallel=4,
                                   contextParallel={"decode": 2}),
-     "spec.decode.contextParallel.decode to 1 or spec.decode.hiSparse.enabled to false"),
+     "spec.decode: HiSparse cannot run with decode context parallelism (2): set "
+     "contextParallel.decode to 1 or hiSparse.enabled to false"),
     (lambda d: d["decode"].update(pipelineParallel=2, dataParallel=4),
-     "HiSparse does not support pipeline"),
+     "HiSparse cannot run with pipeline parallelism"),
     (lambda d: d["decode"].update(contextParallel={"prefill": 2}, dataParallel=4),
-     "spec.decode.contextParallel.prefill must be 1"),
+     "spec.decode: contextParallel.prefill is 2; it must be 1"),
     (lambda d: d["prefill"].update(contextParallel={"prefill": 8, "decode": 4}),
      "contextParallel.decode"),
-    (lambda d: d["engine"].update(kvCacheDtype="auto"), "set kvCacheDtype to fp8"),
-    (lambda d: d["decode"].update(dataParallel=12), "spec.decode.dataParallel"),
+    (lambda d: d["engine"].update(kvCacheDtype="auto"), "set engine.kvCacheDtype to fp8"),
+    (lambda d: d["decode"].update(dataParallel=12), "spec.decode: dataParallel (12)"),
     (lambda d: d["decode"].update(gpusPerPod=8, tensorParallel=16), "gpusPerPod"),
-    (lambda d: d["decode"].update(dataParallel=16, replicas=3), "spec.decode.replicas"),
+    (lambda d: d["decode"].update(dataParallel=16, replicas=3), "spec.decode: replicas (3)"),
     (lambda d: d["engine"].update(extraArgs={"prefill": ["--kv-offloading-size", "64"]}),
      "spec.prefill.cpuOffloadPerRank"),
     (lambda d: d["engine"].update(extraArgs={"prefill": ["--kv-offloading-backend=native"]}),
@@ -222,7 +223,7 @@ def test_extra_args_colliding_with_managed_flags_are_refused(arg, field):
 def test_known_bad_combinations_are_refused(edit, needle):
     spec = spec_with(edit)
     with pytest.raises(RecipeError) as e:
-        recipes.validate(spec)
+        rules.validate(spec)
     assert needle in str(e.value)
 
 
@@ -231,12 +232,12 @@ def test_allowed_extra_args_pass():
         "decode": ["--enable-hybrid-kv-cache-manager", "-cc.cudagraph_mode=FULL_DECODE_ONLY",
                    "--kv-events-config", '{"enable_kv_cache_events": true}'],
         "prefill": ["--gpu-memory-utilization", "0.9"]}))
-    recipes.validate(spec)
+    rules.validate(spec)
 
 
 def test_bad_role():
     with pytest.raises(RecipeError, match="role"):
-        build_command(spec_with(), "encode", pod("decode"))
+        serving_plan(spec_with()).role("encode").command(pod("decode"))
 
 
 def test_pod_identity_from_env():
@@ -253,16 +254,16 @@ def test_pod_identity_from_env():
 
 
 def test_pvc_model_is_linked_not_renamed():
-    cmd = build_command(spec_with(), "decode", pod("decode"))
+    cmd = serving_plan(spec_with()).role("decode").command(pod("decode"))
     assert cmd.argv[2] == "zai-org/GLM-5.3-FP8"
     assert cmd.symlinks == {"zai-org/GLM-5.3-FP8": "/models"} and cmd.workdir
     hf = spec_with(lambda d: d["model"].update(source={"huggingFace": {}}))
-    cmd = build_command(hf, "decode", pod("decode"))
+    cmd = serving_plan(hf).role("decode").command(pod("decode"))
     assert cmd.workdir is None and "HF_HUB_OFFLINE" not in cmd.env
 
 
 def test_container_command_is_the_console_script():
-    assert ENGINE_CONTAINER_COMMAND == ["longctx-engine", "run"]
+    assert list(contract.ENGINE_CONTAINER_COMMAND) == ["longctx-engine", "run"]
     text = (REPO / "pyproject.toml").read_text()
     assert 'longctx-engine = "longctx_engine.entrypoint:main"' in text
 
@@ -291,7 +292,7 @@ def test_operator_package_imports_neither_vllm_nor_torch():
 
 
 def test_shell_quoting_round_trips():
-    cmd = build_command(spec_with(), "prefill", pod("prefill"))
+    cmd = serving_plan(spec_with()).role("prefill").command(pod("prefill"))
     assert shlex.split(cmd.shell()) == cmd.argv
 
 
@@ -302,9 +303,12 @@ def test_mtp_rules_from_the_architecture():
             d["model"]["architecture"] = {"layers": 78, "mtpLayers": mtp, "attentionHeads": 64,
                                           "kvLoraRank": 512, "qkRopeHeadDim": 64}
         return edit
-    recipes.validate(spec_with(arch(1)))
+    rules.validate(spec_with(arch(1)))
     with pytest.raises(RecipeError, match="no MTP layers"):
-        recipes.validate(spec_with(arch(0)))
+        rules.validate(spec_with(arch(0)))
     with pytest.raises(RecipeError, match="single-module MTP"):
-        recipes.validate(spec_with(arch(2)), "prefill")
-    recipes.validate(spec_with(arch(2)), "decode")   # no PCP on decode
+        rules.validate(spec_with(arch(2)))
+    def one_draft(d):
+        arch(2)(d)
+        d["engine"]["speculative"] = {"method": "mtp", "draftTokens": 1}
+    rules.validate(spec_with(one_draft))

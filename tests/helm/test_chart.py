@@ -242,12 +242,12 @@ def _operator_facts() -> dict:
     import sys
 
     code = ("import json\n"
+            "from longctx_engine.contract import MANAGED_KINDS, WATCHED_KINDS, KINDS\n"
             "from longctx_operator.builders.router import picker_rules\n"
-            "from longctx_operator.desired import MANAGED_KINDS\n"
-            "from longctx_operator.kube import PLURALS\n"
-            "from longctx_operator.main import CHILD_RESOURCES\n"
-            "print(json.dumps({'picker_rules': picker_rules(), 'managed': MANAGED_KINDS,\n"
-            "                  'plurals': PLURALS, 'children': CHILD_RESOURCES}))\n")
+            "print(json.dumps({'picker_rules': picker_rules(),\n"
+            "    'managed': [(k.api_version, k.kind) for k in MANAGED_KINDS],\n"
+            "    'plurals': {k.kind: k.plural for k in KINDS},\n"
+            "    'children': [(k.group, k.version, k.plural) for k in WATCHED_KINDS]}))\n")
     repo = CHART.parents[1]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(
         str(repo / p) for p in ("engine", "operator", "kernels", "."))}
@@ -276,6 +276,13 @@ def test_rbac_covers_what_the_operator_code_uses(render):
 
 
 # ---------------------------------------------------------------- CRDs
+
+
+def test_chart_rbac_rules_are_the_generator_output():
+    from longctx_operator.rbac import RULES_FILE, render_rules_yaml
+
+    committed = (CHART.parents[1] / RULES_FILE).read_text()
+    assert committed == render_rules_yaml(), f"{RULES_FILE} is stale: run `make crds`"
 
 
 def test_chart_crd_is_the_generator_output_and_equals_crds_dir():

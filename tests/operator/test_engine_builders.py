@@ -10,7 +10,7 @@ import yaml
 
 from longctx_engine.api import load_spec
 from longctx_engine.quantity import parse_bytes
-from longctx_engine.recipes import engine_ports, host_memory_bytes, shm_bytes
+from longctx_engine.roles import role_plan, serving_plan
 from longctx_operator.builders.engine import engine_objects, pod_monitor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,8 @@ CR["metadata"] = {"name": "glm", "namespace": "ml", "uid": "u-1"}
 
 
 def objects(cr=CR):
-    return {(o["kind"], o["metadata"]["name"]): o for o in engine_objects(cr, load_spec(cr["spec"]))}
+    plan = serving_plan(load_spec(cr["spec"]))
+    return {(o["kind"], o["metadata"]["name"]): o for o in engine_objects(cr, plan)}
 
 
 def pod(objs, role):
@@ -47,13 +48,13 @@ def test_statefulset_shape(role):
     engine = podspec["containers"][0]
     assert engine["command"][:4] == ["longctx-engine", "run", "--role", role]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert parse_bytes(engine["resources"]["requests"]["memory"]) == host_memory_bytes(spec, role)
+    assert parse_bytes(engine["resources"]["requests"]["memory"]) == role_plan(spec, role).memory.request
     shm = next(v for v in podspec["volumes"] if v["name"] == "dshm")["emptyDir"]
-    assert shm["medium"] == "Memory" and parse_bytes(shm["sizeLimit"]) == shm_bytes(spec, role)
+    assert shm["medium"] == "Memory" and parse_bytes(shm["sizeLimit"]) == role_plan(spec, role).memory.shm
     # /dev/shm holds every rank's CPU offload.
-    ports = engine_ports(spec, role)
+    ports = role_plan(spec, role).ports
     ranks = len(ports.http)
-    assert shm_bytes(spec, role) >= ranks * parse_bytes(getattr(spec, role).cpuOffloadPerRank)
+    assert role_plan(spec, role).memory.shm >= ranks * parse_bytes(getattr(spec, role).cpuOffloadPerRank)
     nixl = [p["containerPort"] for p in engine["ports"] if p["name"].startswith("nixl-")]
     assert nixl == [5600 + i for i in range(ranks)]
     env = {e["name"]: e for e in engine["env"]}
@@ -73,7 +74,7 @@ def test_decode_pod_has_the_routing_sidecar_and_host_memory_for_hisparse():
     assert sidecar["restartPolicy"] == "Always"
     spec = load_spec(CR["spec"])
     pools = 8 * parse_bytes("48Gi") + 8 * parse_bytes("16Gi")
-    assert host_memory_bytes(spec, "decode") > pools
+    assert role_plan(spec, "decode").memory.request > pools
     assert "initContainers" not in pod(objs, "prefill")
 
 
@@ -116,7 +117,7 @@ def test_pdb_per_role_and_pod_monitor():
     for role in ("prefill", "decode"):
         pdb = objs[("PodDisruptionBudget", f"glm-{role}")]
         assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == role
-    monitor = pod_monitor(CR, load_spec(CR["spec"]))
+    monitor = pod_monitor(CR, serving_plan(load_spec(CR["spec"])))
     ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
     assert {"vllm-0", "vllm-7"} <= ports
 
@@ -124,11 +125,11 @@ def test_pdb_per_role_and_pod_monitor():
 def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
     from longctx_engine.compat import pairing_key
     from longctx_operator.builders.router import router_objects
-    from longctx_operator.naming import PAIRING_LABEL
+    from longctx_engine.contract import PAIRING_LABEL
 
     def keys(cr):
         objs = objects(cr)
-        pool = next(o for o in router_objects(cr, load_spec(cr["spec"]))
+        pool = next(o for o in router_objects(cr, serving_plan(load_spec(cr["spec"])))
                     if o["kind"] == "InferencePool")
         pods = {objs[("StatefulSet", f"glm-{r}")]["spec"]["template"]["metadata"]["labels"][
             PAIRING_LABEL] for r in ("prefill", "decode")}

@@ -18,8 +18,10 @@ import yaml
 
 from longctx_engine import api
 from longctx_engine.compat import pairing_key
-from longctx_operator import naming
+from longctx_engine import contract
+from longctx_engine.roles import serving_plan
 from longctx_operator.builders import router
+from longctx_operator.builders.digest import content_digest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -50,7 +52,7 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def glm():
     cr, spec = make_cr()
-    return cr, spec, by_kind(router.router_objects(cr, spec))
+    return cr, spec, by_kind(router.router_objects(cr, serving_plan(spec)))
 
 
 # ---------------------------------------------------------------- picker config schema
@@ -214,14 +216,14 @@ def test_no_deprecated_plugin_or_field():
 
 def test_all_objects_are_owned_and_labelled(glm):
     cr, _, objects = glm
-    owner = naming.owner_reference(cr)
+    owner = contract.owner_reference(cr)
     assert set(objects) == {"InferencePool", "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
                             "Service", "Deployment"}
     for obj in objects.values():
         meta = obj["metadata"]
         assert meta["namespace"] == "llm"
         assert meta["ownerReferences"] == [owner]
-        assert meta["labels"] == naming.labels("glm", "router")
+        assert meta["labels"] == contract.labels("glm", "router")
         assert "llm-d.ai/role" not in meta["labels"]  # the picker is not a model server
     assert objects["InferencePool"]["metadata"]["name"] == "glm"
     for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"):
@@ -233,7 +235,7 @@ def test_inference_pool(glm):
     pool = objects["InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
     assert pool["spec"]["selector"] == {
-        "matchLabels": naming.serving_selector("glm", pairing_key(spec))}
+        "matchLabels": contract.serving_selector("glm", pairing_key(spec))}
     # Decode DP8 on one 8-GPU pod: a target port per rank; the PCP8 prefill pod is one rank.
     assert pool["spec"]["targetPorts"] == [{"number": 8000 + i} for i in range(8)]
     assert pool["spec"]["endpointPickerRef"] == {
@@ -242,45 +244,45 @@ def test_inference_pool(glm):
 
 
 def test_pool_selector_matches_serving_pods_of_both_roles_only():
-    selector = naming.serving_selector("glm", "k1")
+    selector = contract.serving_selector("glm", "k1")
     for role in ("prefill", "decode"):
-        assert selector.items() <= naming.labels("glm", role, "k1").items()
-        assert not selector.items() <= naming.labels("glm", role, "k2").items()
-    assert not selector.items() <= naming.labels("glm", "router").items()
-    assert not selector.items() <= naming.labels("other", "decode").items()
+        assert selector.items() <= contract.labels("glm", role, "k1").items()
+        assert not selector.items() <= contract.labels("glm", role, "k2").items()
+    assert not selector.items() <= contract.labels("glm", "router").items()
+    assert not selector.items() <= contract.labels("other", "decode").items()
 
 
 def test_ports_per_role_and_active_ports_annotation():
     _, spec = make_cr()
-    assert router.serving_ports(spec, "prefill") == [8000]
-    assert router.serving_ports(spec, "decode") == list(range(8000, 8008))
-    assert router.pod_annotations(spec, "prefill") == {
+    assert serving_plan(spec).role("prefill").ports.serving == [8000]
+    assert serving_plan(spec).role("decode").ports.serving == list(range(8000, 8008))
+    assert router.pod_annotations(serving_plan(spec).role("prefill")) == {
         "llm-d.ai/active-ports": "8000", "inference.networking.k8s.io/active-ports": "8000"}
     decode_ports = "8000,8001,8002,8003,8004,8005,8006,8007"
-    assert router.pod_annotations(spec, "decode") == {
+    assert router.pod_annotations(serving_plan(spec).role("decode")) == {
         "llm-d.ai/active-ports": decode_ports,
         "inference.networking.k8s.io/active-ports": decode_ports}
     # Every annotated port is a pool target port (the picker ignores the others).
-    targets = set(router.pool_target_ports(spec))
+    targets = set(serving_plan(spec).pool_target_ports)
     for role in ("prefill", "decode"):
-        assert set(router.serving_ports(spec, role)) <= targets
+        assert set(serving_plan(spec).role(role).ports.serving) <= targets
 
     # The DP8 prefill baseline (PCP 1, 8 ranks) and a TP2 decode (4 ranks per pod).
     _, spec = make_cr({"prefill": {"dataParallel": 8, "contextParallel": {"prefill": 1, "decode": 1}},
-                       "decode": {"tensorParallel": 2}})
-    assert router.serving_ports(spec, "prefill") == list(range(8000, 8008))
-    assert router.serving_ports(spec, "decode") == list(range(8000, 8004))
-    assert router.pool_target_ports(spec) == list(range(8000, 8008))
+                       "decode": {"tensorParallel": 2, "dataParallel": 4}})
+    assert serving_plan(spec).role("prefill").ports.serving == list(range(8000, 8008))
+    assert serving_plan(spec).role("decode").ports.serving == list(range(8000, 8004))
+    assert list(serving_plan(spec).pool_target_ports) == list(range(8000, 8008))
 
     # Decode DP16 over two pods: 8 ranks per pod, not 16.
     _, spec = make_cr({"decode": {"dataParallel": 16, "replicas": 2}})
-    assert router.ranks_per_pod(spec, "decode") == 8
+    assert serving_plan(spec).decode.layout.ranks_per_pod == 8
 
 
 def test_more_than_eight_ranks_per_pod_is_refused():
     _, spec = make_cr({"decode": {"gpusPerPod": 16, "dataParallel": 16}})
     with pytest.raises(ValueError, match="at most 8"):
-        router.router_objects(make_cr()[0], spec)
+        router.router_objects(make_cr()[0], serving_plan(spec))
 
 
 def test_picker_deployment(glm):
@@ -320,17 +322,17 @@ def test_picker_deployment(glm):
 def test_config_change_restarts_the_picker():
     def hash_of(patch):
         cr, spec = make_cr(patch)
-        dep = by_kind(router.router_objects(cr, spec))["Deployment"]
-        return dep["spec"]["template"]["metadata"]["annotations"][router.PICKER_CONFIG_HASH_ANNOTATION]
+        dep = by_kind(router.router_objects(cr, serving_plan(spec)))["Deployment"]
+        return dep["spec"]["template"]["metadata"]["annotations"][contract.PICKER_CONFIG_ANNOTATION]
 
     same = hash_of({})
     assert same == hash_of({}), "stable for one spec"
     assert same != hash_of({"router": {"prefixCache": {"lruCapacityPerServer": 1000}}})
     assert same != hash_of({"router": {"disaggregation": {"decider": "prefix-based"}}})
     cr, spec = make_cr()
-    objects = by_kind(router.router_objects(cr, spec))
+    objects = by_kind(router.router_objects(cr, serving_plan(spec)))
     text = objects["ConfigMap"]["data"]["epp-config.yaml"]
-    assert router.config_hash(text) == same
+    assert content_digest(text) == same
 
 
 def test_picker_service(glm):
@@ -368,13 +370,13 @@ def test_rbac_is_minimal(glm):
 
 def test_http_route_only_with_gateway():
     cr, spec = make_cr()
-    assert "HTTPRoute" not in by_kind(router.router_objects(cr, spec))
+    assert "HTTPRoute" not in by_kind(router.router_objects(cr, serving_plan(spec)))
     cr, spec = make_cr({"router": {"gateway": {"name": "llm-d-inference-gateway",
                                                "namespace": "gateways"}}})
-    route = by_kind(router.router_objects(cr, spec))["HTTPRoute"]
+    route = by_kind(router.router_objects(cr, serving_plan(spec)))["HTTPRoute"]
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
     assert route["metadata"]["name"] == "glm"
-    assert route["metadata"]["ownerReferences"] == [naming.owner_reference(cr)]
+    assert route["metadata"]["ownerReferences"] == [contract.owner_reference(cr)]
     assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
                                             "name": "llm-d-inference-gateway",
                                             "namespace": "gateways"}]
@@ -382,13 +384,13 @@ def test_http_route_only_with_gateway():
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io",
                                     "kind": "InferencePool", "name": "glm"}]
     cr, spec = make_cr({"router": {"gateway": {"name": "gw"}}})
-    route = by_kind(router.router_objects(cr, spec))["HTTPRoute"]
+    route = by_kind(router.router_objects(cr, serving_plan(spec)))["HTTPRoute"]
     assert route["spec"]["parentRefs"][0]["namespace"] == "llm"  # defaults to the CR's
 
 
 def test_router_disabled_gives_nothing():
     cr, spec = make_cr({"router": {"enabled": False}})
-    assert router.router_objects(cr, spec) == []
+    assert router.router_objects(cr, serving_plan(spec)) == []
 
 
 # ---------------------------------------------------------------- sidecar
@@ -396,7 +398,7 @@ def test_router_disabled_gives_nothing():
 
 def test_routing_sidecar():
     _, spec = make_cr()
-    sidecar = router.routing_sidecar("glm", spec)
+    sidecar = router.routing_sidecar(serving_plan(spec).decode)
     assert sidecar["name"] == "routing-proxy"
     assert sidecar["restartPolicy"] == "Always"  # native sidecar
     assert sidecar["image"] == spec.router.sidecarImage
@@ -411,7 +413,7 @@ def test_routing_sidecar():
     assert ports == [(f"proxy-r{i}", 8000 + i) for i in range(8)]
     assert all(len(name) <= 15 for name, _ in ports)
     # Listening ports = the decode pods' active ports = pool target ports.
-    assert [p for _, p in ports] == router.serving_ports(spec, "decode")
+    assert [p for _, p in ports] == serving_plan(spec).role("decode").ports.serving
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert sidecar["livenessProbe"]["httpGet"]["port"] == 8000
     assert "startupProbe" in sidecar
@@ -420,8 +422,8 @@ def test_routing_sidecar():
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sidecar["resources"]["requests"]["cpu"] and sidecar["resources"]["limits"]["memory"]
 
-    _, spec = make_cr({"decode": {"tensorParallel": 2}})
-    sidecar = router.routing_sidecar("glm", spec)
+    _, spec = make_cr({"decode": {"tensorParallel": 2, "dataParallel": 4}})
+    sidecar = router.routing_sidecar(serving_plan(spec).decode)
     assert "--data-parallel-size=4" in sidecar["args"] and len(sidecar["ports"]) == 4
 
 

@@ -53,57 +53,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
-Every namespaced permission the operator uses (operator/longctx_operator/kube.py,
-reconcile.py, main.py and Kopf). Identical in both RBAC modes; only the binding differs.
+Every namespaced permission the operator uses, generated from the operator's table of
+kinds (`longctx rbac`, files/operator-rules.yaml). Identical in both RBAC modes; only the
+binding differs.
 */}}
 {{- define "longctx.namespacedRules" -}}
-# The CR: Kopf lists and watches it, the reconcile reads it fresh.
-- apiGroups: ["longctx.dev"]
-  resources: ["longcontextdeployments"]
-  verbs: ["get", "list", "watch"]
-# The only write to the CR: its status (merge patch). The operator never writes spec.
-- apiGroups: ["longctx.dev"]
-  resources: ["longcontextdeployments/status"]
-  verbs: ["patch"]
-# Children: server-side apply (PATCH; the API server also checks create when the object
-# does not exist yet), drift check (get), clean-up (list, delete), and Kopf's watches on
-# the managed-by label.
-- apiGroups: [""]
-  resources: ["configmaps", "services", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: ["apps"]
-  resources: ["statefulsets", "deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: ["policy"]
-  resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: ["inference.networking.k8s.io"]
-  resources: ["inferencepools"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Optional children (not watched): HTTPRoute when a gateway is named, PodMonitor when
-# its CRD exists.
-- apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["httproutes"]
-  verbs: ["get", "list", "create", "patch", "delete"]
-- apiGroups: ["monitoring.coreos.com"]
-  resources: ["podmonitors"]
-  verbs: ["get", "list", "create", "patch", "delete"]
-# Pods: status is computed from them (get, list) and Kopf watches them.
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# Events on the CR (Kopf posts them; it never updates one).
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
-# Held only so that the operator may grant them to the endpoint picker's Role (RBAC
-# forbids granting what one does not hold; the chart grants no escalate/bind).
-- apiGroups: ["llm-d.ai", "inference.networking.x-k8s.io"]
-  resources: ["inferenceobjectives", "inferencemodelrewrites"]
-  verbs: ["get", "list", "watch"]
+{{ .Files.Get "files/operator-rules.yaml" | trimSuffix "\n" }}
 {{- end -}}
 
 {{/* Kopf peering (leader election): list/watch the peering object, patch our key into it. */}}

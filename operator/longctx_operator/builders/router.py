@@ -1,9 +1,9 @@
 """The llm-d router of one LongContextDeployment, as plain manifests (no API calls).
 
-Objects (see docs/router.md and shared/docs/llm-d.md):
+Objects (see docs/router.md):
 
 - InferencePool `<cr>` (inference.networking.k8s.io/v1) selecting every serving pod of the CR,
-  with one target port per engine rank of a pod (8000, 8001, ...);
+  with one target port per engine rank of a pod (contract.SERVING_BASE_PORT + rank);
 - the endpoint picker ("EPP", llm-d-router `cmd/epp`): ConfigMap, Deployment, Service,
   ServiceAccount, Role, RoleBinding, all named `<cr>-epp`;
 - an HTTPRoute `<cr>` to a Gateway, only when `spec.router.gateway` is set;
@@ -14,51 +14,32 @@ Ports per role under data parallelism (the picker's contract, llm-d/llm-d-router
 `pkg/epp/datastore/datastore.go`): the picker makes one endpoint per (pod, pool target port)
 and keeps only the ports listed in the pod annotation `llm-d.ai/active-ports` when that
 annotation is present. So the pool lists the union of the ports of both roles, and every
-serving pod carries `pod_annotations(spec, role)` naming the ports it really serves: a
-PCP8 prefill pod (one engine on 8000) is one endpoint, a DP8 decode pod (sidecar on
-8000..8007) is eight. The older "one target port plus a rank header" layout
+serving pod carries `pod_annotations(role)` naming the ports it really serves: a PCP8
+prefill pod (one engine) is one endpoint, a DP8 decode pod (a sidecar port per rank) is
+eight. The older "one target port plus a rank header" layout
 (`data-parallel-profile-handler`, `primaryPort`) is deprecated in llm-d-router.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import yaml
 
-from longctx_engine import api
-from longctx_engine.compat import pairing_key
-from longctx_engine.recipes import ranks_per_pod
+from longctx_engine import api, contract
+from longctx_engine.roles import RolePlan, ServingPlan
 
-from .. import naming
+from .digest import content_digest
 
-COMPONENT = "router"
-
-POOL_GROUP = "inference.networking.k8s.io"
-POOL_API_VERSION = f"{POOL_GROUP}/v1"
+COMPONENT = contract.ROUTER_COMPONENT
+POOL_API_VERSION = contract.KIND_BY_NAME["InferencePool"].api_version
+POOL_GROUP = contract.KIND_BY_NAME["InferencePool"].group
 PICKER_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
 
-# Endpoint picker ports (llm-d-router pkg/epp/server/options.go defaults, set explicitly).
-PICKER_GRPC_PORT = 9002
-PICKER_HEALTH_PORT = 9003
-PICKER_METRICS_PORT = 9090
 # gRPC health service the picker answers for a single replica (cmd/epp/runner/health.go).
 PICKER_HEALTH_SERVICE = "inference-extension"
 PICKER_CONFIG_DIR = "/config"
 PICKER_CONFIG_FILE = "epp-config.yaml"
-PICKER_CONFIG_HASH_ANNOTATION = "longctx.dev/picker-config-sha256"
-
-# Serving ports: rank i of a pod is reached on SERVING_BASE_PORT + i (prefill vLLM directly,
-# decode through the sidecar), decode vLLM rank i listens on DECODE_ENGINE_BASE_PORT + i.
-SERVING_BASE_PORT = 8000
-DECODE_ENGINE_BASE_PORT = 8200
-# InferencePool.spec.targetPorts holds at most 8 entries (GIE api/v1 inferencepool_types.go).
-MAX_TARGET_PORTS = 8
-ACTIVE_PORTS_ANNOTATION = "llm-d.ai/active-ports"
-# The key before llm-d-router PR #922; llm-d-router still reads it when the new one is
-# absent, upstream GIE pickers read only this one. Same value, so any picker agrees.
-LEGACY_ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 
 SIDECAR_NAME = "routing-proxy"
 NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar)
@@ -76,27 +57,12 @@ HTTP_ROUTE_REQUEST_TIMEOUT = "1800s"  # a 1M-token prefill plus a long streamed 
 # ---------------------------------------------------------------- ports
 
 
-def serving_ports(spec: api.LongContextDeploymentSpec, role: str) -> list[int]:
-    """The ports one pod of `role` serves requests on: 8000, 8001, ... one per rank."""
-    return [SERVING_BASE_PORT + i for i in range(ranks_per_pod(spec, role))]
-
-
-def pool_target_ports(spec: api.LongContextDeploymentSpec) -> list[int]:
-    """InferencePool target ports: the union of both roles' serving ports."""
-    ports = sorted(set(serving_ports(spec, "prefill")) | set(serving_ports(spec, "decode")))
-    if len(ports) > MAX_TARGET_PORTS:
-        raise ValueError(
-            f"the router needs {len(ports)} target ports (one per engine rank of a pod) but an "
-            f"InferencePool holds at most {MAX_TARGET_PORTS}: lower spec.prefill/spec.decode "
-            "gpusPerPod or raise tensorParallel so that a pod holds at most 8 ranks")
-    return ports
-
-
-def pod_annotations(spec: api.LongContextDeploymentSpec, role: str) -> dict[str, str]:
-    """Annotations every serving pod of `role` must carry so that the picker offers only the
-    ports that pod really serves (llm-d.ai/active-ports, read by the picker's datastore)."""
-    ports = ",".join(str(p) for p in serving_ports(spec, role))
-    return {ACTIVE_PORTS_ANNOTATION: ports, LEGACY_ACTIVE_PORTS_ANNOTATION: ports}
+def pod_annotations(role: RolePlan) -> dict[str, str]:
+    """Annotations every serving pod of a role must carry so that the picker offers only the
+    ports that pod really serves (read by the picker's datastore)."""
+    ports = ",".join(str(p) for p in role.ports.serving)
+    return {contract.ACTIVE_PORTS_ANNOTATION: ports,
+            contract.LEGACY_ACTIVE_PORTS_ANNOTATION: ports}
 
 
 # ---------------------------------------------------------------- picker config
@@ -156,18 +122,14 @@ def picker_config_text(spec: api.LongContextDeploymentSpec) -> str:
     return yaml.safe_dump(picker_config(spec), sort_keys=False, default_flow_style=False)
 
 
-def config_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 # ---------------------------------------------------------------- objects
 
 
 def _meta(cr: dict[str, Any], name: str) -> dict[str, Any]:
     cr_meta = cr["metadata"]
     return {"name": name, "namespace": cr_meta["namespace"],
-            "labels": naming.labels(cr_meta["name"], COMPONENT),
-            "ownerReferences": [naming.owner_reference(cr)]}
+            "labels": contract.labels(cr_meta["name"], COMPONENT),
+            "ownerReferences": [contract.owner_reference(cr)]}
 
 
 def _restricted_container_security() -> dict[str, Any]:
@@ -178,13 +140,13 @@ def _restricted_container_security() -> dict[str, Any]:
 
 def picker_args(cr_name: str, namespace: str) -> list[str]:
     return [
-        f"--pool-name={naming.inference_pool(cr_name)}",
+        f"--pool-name={contract.inference_pool(cr_name)}",
         f"--pool-namespace={namespace}",
         f"--pool-group={POOL_GROUP}",
         f"--config-file={PICKER_CONFIG_DIR}/{PICKER_CONFIG_FILE}",
-        f"--grpc-port={PICKER_GRPC_PORT}",
-        f"--grpc-health-port={PICKER_HEALTH_PORT}",
-        f"--metrics-port={PICKER_METRICS_PORT}",
+        f"--grpc-port={contract.PICKER_GRPC_PORT}",
+        f"--grpc-health-port={contract.PICKER_HEALTH_PORT}",
+        f"--metrics-port={contract.PICKER_METRICS_PORT}",
         # The gateway talks TLS to the picker (self-signed unless --cert-path).
         "--secure-serving=true",
         # /metrics auth needs cluster-scoped tokenreviews/subjectaccessreviews; the picker's
@@ -195,19 +157,20 @@ def picker_args(cr_name: str, namespace: str) -> list[str]:
     ]
 
 
-def _inference_pool(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+def inference_pool(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     return {
         "apiVersion": POOL_API_VERSION, "kind": "InferencePool",
-        "metadata": _meta(cr, naming.inference_pool(cr_name)),
+        "metadata": _meta(cr, contract.inference_pool(cr_name)),
         "spec": {
             # Only pods whose engines can complete a NIXL handshake with each other.
-            "selector": {"matchLabels": naming.serving_selector(cr_name, pairing_key(spec))},
-            "targetPorts": [{"number": p} for p in pool_target_ports(spec)],
+            "selector": {"matchLabels": contract.serving_selector(cr_name,
+                                                                  plan.prefill.pairing_key)},
+            "targetPorts": [{"number": p} for p in plan.pool_target_ports],
             "appProtocol": "http",
             "endpointPickerRef": {
-                "group": "", "kind": "Service", "name": naming.picker(cr_name),
-                "port": {"number": PICKER_GRPC_PORT},
+                "group": "", "kind": "Service", "name": contract.picker(cr_name),
+                "port": {"number": contract.PICKER_GRPC_PORT},
                 # A dead picker must not take the model down: the gateway then load-balances.
                 "failureMode": "FailOpen",
             },
@@ -217,15 +180,15 @@ def _inference_pool(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> 
 
 def _picker_configmap(cr: dict[str, Any], text: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(cr, naming.picker(cr["metadata"]["name"])),
+            "metadata": _meta(cr, contract.picker(cr["metadata"]["name"])),
             "data": {PICKER_CONFIG_FILE: text}}
 
 
 def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                        text: str) -> dict[str, Any]:
     cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
-    name = naming.picker(cr_name)
-    grpc_probe = {"port": PICKER_HEALTH_PORT, "service": PICKER_HEALTH_SERVICE}
+    name = contract.picker(cr_name)
+    grpc_probe = {"port": contract.PICKER_HEALTH_PORT, "service": PICKER_HEALTH_SERVICE}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(cr, name),
@@ -235,12 +198,12 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
             # Never two pickers with diverging prefix state during a rollout.
             "strategy": {"type": "Recreate"},
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": naming.selector_labels(cr_name, COMPONENT)},
+            "selector": {"matchLabels": contract.selector_labels(cr_name, COMPONENT)},
             "template": {
                 "metadata": {
-                    "labels": naming.labels(cr_name, COMPONENT),
+                    "labels": contract.labels(cr_name, COMPONENT),
                     # The picker reads its config once at start: a new hash rolls the pod.
-                    "annotations": {PICKER_CONFIG_HASH_ANNOTATION: config_hash(text)},
+                    "annotations": {contract.PICKER_CONFIG_ANNOTATION: content_digest(text)},
                 },
                 "spec": {
                     "serviceAccountName": name,
@@ -255,10 +218,11 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                         "imagePullPolicy": "IfNotPresent",
                         "args": picker_args(cr_name, namespace),
                         "ports": [
-                            {"name": "grpc", "containerPort": PICKER_GRPC_PORT, "protocol": "TCP"},
-                            {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT,
+                            {"name": "grpc", "containerPort": contract.PICKER_GRPC_PORT,
                              "protocol": "TCP"},
-                            {"name": "metrics", "containerPort": PICKER_METRICS_PORT,
+                            {"name": "grpc-health", "containerPort": contract.PICKER_HEALTH_PORT,
+                             "protocol": "TCP"},
+                            {"name": "metrics", "containerPort": contract.PICKER_METRICS_PORT,
                              "protocol": "TCP"},
                         ],
                         "env": [
@@ -293,15 +257,15 @@ def _picker_service(cr: dict[str, Any]) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(cr, naming.picker(cr_name)),
+        "metadata": _meta(cr, contract.picker(cr_name)),
         "spec": {
             "type": "ClusterIP",
-            "selector": naming.selector_labels(cr_name, COMPONENT),
+            "selector": contract.selector_labels(cr_name, COMPONENT),
             "ports": [
-                {"name": "grpc-ext-proc", "port": PICKER_GRPC_PORT, "targetPort": "grpc",
-                 "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
-                {"name": "http-metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics",
-                 "protocol": "TCP"},
+                {"name": "grpc-ext-proc", "port": contract.PICKER_GRPC_PORT,
+                 "targetPort": "grpc", "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+                {"name": "http-metrics", "port": contract.PICKER_METRICS_PORT,
+                 "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }
@@ -321,7 +285,7 @@ def picker_rules() -> list[dict[str, Any]]:
 
 
 def _picker_rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
-    name = naming.picker(cr["metadata"]["name"])
+    name = contract.picker(cr["metadata"]["name"])
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cr, name),
          "automountServiceAccountToken": True},
@@ -341,28 +305,29 @@ def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict
     assert gateway is not None
     return {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": _meta(cr, naming.http_route(cr_name)),
+        "metadata": _meta(cr, contract.http_route(cr_name)),
         "spec": {
             "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
                             "name": gateway.name, "namespace": gateway.namespace or namespace}],
             "rules": [{
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                 "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
-                                 "name": naming.inference_pool(cr_name)}],
+                                 "name": contract.inference_pool(cr_name)}],
                 "timeouts": {"request": HTTP_ROUTE_REQUEST_TIMEOUT},
             }],
         },
     }
 
 
-def router_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> list[dict[str, Any]]:
+def router_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
     """Every router object of a CR (owner reference and router labels on each); [] when
-    spec.router.enabled is false. Raises ValueError when the layout needs more than 8 ports."""
+    spec.router.enabled is false."""
+    spec = plan.spec
     if not spec.router.enabled:
         return []
     text = picker_config_text(spec)
     objects = [
-        _inference_pool(cr, spec),
+        inference_pool(cr, plan),
         _picker_configmap(cr, text),
         *_picker_rbac(cr),
         _picker_service(cr),
@@ -376,12 +341,12 @@ def router_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> l
 # ---------------------------------------------------------------- decode sidecar
 
 
-def sidecar_args(spec: api.LongContextDeploymentSpec) -> list[str]:
+def sidecar_args(decode: RolePlan) -> list[str]:
     """Flags of llm-d-router `cmd/pd-sidecar` (pkg/sidecar/proxy/options.go), all explicit."""
     return [
-        f"--port={SERVING_BASE_PORT}",
-        f"--model-server-port={DECODE_ENGINE_BASE_PORT}",
-        f"--data-parallel-size={ranks_per_pod(spec, 'decode')}",
+        f"--port={decode.ports.serving[0]}",
+        f"--model-server-port={decode.ports.http[0]}",
+        f"--data-parallel-size={decode.layout.ranks_per_pod}",
         "--kv-connector=nixlv2",
         # Plain HTTP inside the pod network; `--secure-proxy` is the name v0.10 knows (newer
         # releases keep it as a deprecated alias of --secure-serving).
@@ -394,22 +359,21 @@ def sidecar_args(spec: api.LongContextDeploymentSpec) -> list[str]:
     ]
 
 
-def routing_sidecar(cr_name: str, spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+def routing_sidecar(decode: RolePlan) -> dict[str, Any]:
     """The decode pod's routing proxy as a native sidecar (for `initContainers`): rank i is
-    served on 8000+i and forwarded to the decode vLLM rank on 8200+i."""
-    del cr_name  # one shape for every CR; kept for a stable call signature
-    ranks = ranks_per_pod(spec, "decode")
-    health = {"path": "/health", "port": SERVING_BASE_PORT}  # answered by the proxy itself
+    served on its serving port and forwarded to the decode vLLM rank's HTTP port."""
+    first = decode.ports.serving[0]
+    health = {"path": "/health", "port": first}  # answered by the proxy itself
     return {
         "name": SIDECAR_NAME,
-        "image": spec.router.sidecarImage,
+        "image": decode.spec.router.sidecarImage,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "args": sidecar_args(spec),
-        "ports": [{"name": f"proxy-r{i}", "containerPort": SERVING_BASE_PORT + i,
-                   "protocol": "TCP"} for i in range(ranks)],
+        "args": sidecar_args(decode),
+        "ports": [{"name": f"proxy-r{i}", "containerPort": port, "protocol": "TCP"}
+                  for i, port in enumerate(decode.ports.serving)],
         # Gates the start of the engine container until the proxy listens.
-        "startupProbe": {"tcpSocket": {"port": SERVING_BASE_PORT}, "periodSeconds": 1,
+        "startupProbe": {"tcpSocket": {"port": first}, "periodSeconds": 1,
                          "failureThreshold": 60},
         "livenessProbe": {"httpGet": health, "periodSeconds": 10, "timeoutSeconds": 5,
                           "failureThreshold": 3},

@@ -1,0 +1,58 @@
+"""Host memory of one engine pod: /dev/shm and the pod's memory request (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .api import LongContextDeploymentSpec
+from .layout import Layout
+from .quantity import GiB, parse_bytes
+
+SHM_BASE_MARGIN = 4 * GiB        # NCCL SHM transport FIFOs, vLLM shm_broadcast rings, torch IPC
+SHM_MARGIN_PER_GPU = 1 * GiB
+RSS_PER_GPU_WORKER = 12 * GiB    # CUDA context, torch, NCCL/NIXL/UCX registrations, JIT caches
+RSS_PER_ENGINE_RANK = 4 * GiB    # API server + engine core + scheduler of one DP rank
+RSS_POD_BASE = 16 * GiB          # supervisor, tokenizer, page cache headroom while loading weights
+
+
+def hisparse_enabled(spec: LongContextDeploymentSpec, role: str) -> bool:
+    return role == "decode" and spec.decode.hiSparse.enabled
+
+
+@dataclass(frozen=True)
+class PodMemory:
+    """Bytes of one pod of a role."""
+
+    offload_per_rank: int     # OffloadingConnector cpu_bytes_to_use of one rank
+    hisparse_per_rank: int    # HiSparse pinned host pool of one rank (0 without HiSparse)
+    shm: int                  # the /dev/shm emptyDir's size limit
+    request: int              # the pod's memory request and limit
+
+
+def pod_memory(spec: LongContextDeploymentSpec, layout: Layout) -> PodMemory:
+    """Memory of one pod.
+
+    /dev/shm: each engine rank's OffloadingConnector maps
+    `/dev/shm/vllm_offload_<engine_id>.mmap` of up to cpu_bytes_to_use bytes, and vLLM
+    refuses to start when /dev/shm has less free space. On top: 4 GiB + 1 GiB per GPU for
+    NCCL's SHM transport buffers between local ranks, vLLM's shm_broadcast rings (one set
+    per rank) and torch multiprocessing tensors. llm-d's wide-EP guide measured ~32 MB per
+    local DP rank for the latter two, so the margin is generous on purpose: running out
+    aborts a load that took tens of minutes.
+
+    The pod's request: the /dev/shm pages are tmpfs and are charged to the pod's memory
+    cgroup; every HiSparse decode rank pins its own host pool (no pool is shared at TP1);
+    process RSS is 12 GiB per GPU worker (CUDA context, torch, NCCL/NIXL/UCX registrations,
+    Triton/DeepGEMM JIT), 4 GiB per engine rank (API server, engine core, scheduler,
+    detokenizer) and 16 GiB per pod (supervisor, tokenizer, page-cache headroom while
+    safetensors are read).
+    """
+    role = layout.role
+    offload = parse_bytes(getattr(spec, role).cpuOffloadPerRank, f"spec.{role}.cpuOffloadPerRank")
+    pool = (parse_bytes(spec.decode.hiSparse.hostPoolPerRank, "spec.decode.hiSparse.hostPoolPerRank")
+            if hisparse_enabled(spec, role) else 0)
+    n = layout.ranks_per_pod
+    shm = n * offload + SHM_BASE_MARGIN + SHM_MARGIN_PER_GPU * layout.gpusPerPod
+    request = (n * offload + n * pool + RSS_PER_GPU_WORKER * layout.gpusPerPod
+               + RSS_PER_ENGINE_RANK * n + RSS_POD_BASE)
+    return PodMemory(offload_per_rank=offload, hisparse_per_rank=pool, shm=shm, request=request)

@@ -1,0 +1,107 @@
+"""Validation of a spec, offline: the API's rule table plus what only the operator can judge.
+
+Every `schema.Rule` declared on an API class (api.py) is CEL in the generated CRD, so the
+API server refuses a violating manifest at apply, and the same rule is evaluated here on
+the typed spec, with the same message, for `longctx plan`/`render`, the engine
+entrypoint and the operator. The checks below the table need what the API server does
+not have: argv parsing of extraArgs, and byte quantities as numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from .api import NAME_RULE, LongContextDeploymentSpec
+from .contract import ROLES
+from .extra_args import extra_args_problems
+from .layout import role_layout
+from .memory import pod_memory
+from .quantity import parse_bytes
+from .schema import APIObject, Rule
+
+
+class RecipeError(ValueError):
+    """A spec the engine refuses; the message names the spec field and the change to make."""
+
+
+def table(cls: type = LongContextDeploymentSpec, path: str = "spec"
+          ) -> list[tuple[str, Rule]]:
+    """Every rule of the API, with the path of the object (or field) it applies to."""
+    out = [(path, r) for r in cls.CEL]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = f"{path}.{f.name}"
+        out += [(sub, r) for r in f.metadata["rules"]]
+        tp = _unwrap(hints[f.name])
+        if isinstance(tp, type) and issubclass(tp, APIObject):
+            out += table(tp, sub)
+    return out
+
+
+def _unwrap(tp: Any) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is not None and len(args) == 1 else tp
+
+
+def _at(spec: LongContextDeploymentSpec, path: str) -> Any:
+    value: Any = spec
+    for name in path.split(".")[1:]:
+        value = getattr(value, name, None) if value is not None else None
+    return value
+
+
+def _holds(rule: Rule, subject: Any) -> bool:
+    try:
+        return rule.holds(subject)
+    except (ArithmeticError, KeyError, TypeError, AttributeError):
+        return False   # CEL reports an evaluation error as a failed rule too
+
+
+def rule_violations(spec: LongContextDeploymentSpec) -> list[str]:
+    """The message of every API rule the spec breaks, prefixed by the field's path."""
+    out = []
+    for path, rule in table():
+        subject = _at(spec, path)
+        if subject is not None and not _holds(rule, subject):
+            out.append(f"{path}: {rule.render(subject)}")
+    return out
+
+
+def name_problem(cr_name: str) -> Optional[str]:
+    subject = SimpleNamespace(metadata=SimpleNamespace(name=cr_name))
+    return None if _holds(NAME_RULE, subject) else NAME_RULE.render(subject)
+
+
+def problems(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> list[str]:
+    """Everything the engine refuses in a spec, as messages naming the field to change."""
+    out = rule_violations(spec)
+    if cr_name is not None and name_problem(cr_name):
+        out.append(name_problem(cr_name))
+    for role in ROLES:
+        try:
+            pod_memory(spec, role_layout(spec, role))
+        except ValueError as e:
+            out.append(str(e))
+        out += extra_args_problems(spec, role)
+    if spec.decode.hiSparse.enabled and not _positive(spec.decode.hiSparse.hostPoolPerRank):
+        out.append(f"spec.decode.hiSparse.hostPoolPerRank is {spec.decode.hiSparse.hostPoolPerRank}"
+                   "; it must be positive with HiSparse (or set spec.decode.hiSparse.enabled "
+                   "to false)")
+    return list(dict.fromkeys(out))
+
+
+def _positive(quantity: str) -> bool:
+    try:
+        return parse_bytes(quantity) > 0
+    except ValueError:
+        return True   # reported as malformed above
+
+
+def validate(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> None:
+    """Raises RecipeError listing every problem of the spec."""
+    found = problems(spec, cr_name)
+    if found:
+        raise RecipeError("; ".join(found))

@@ -1,0 +1,170 @@
+"""Watch caches of the operator's children: one list-then-watch reflector per watched kind.
+
+A reconcile reads its children from these stores instead of the API server (it used to
+make a LIST per kind and a GET per child each time). Each reflector lists the objects
+carrying the operator's managed-by label, then watches from that list's resourceVersion,
+and relists after an expired watch (HTTP 410) or any error. Until its first list is in,
+a kind is not `synced` and readers fall back to the API. Objects are stored without
+`metadata.managedFields`, which the reconcile never reads and which is most of their size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Iterable
+
+import urllib3
+
+from longctx_engine import contract
+
+from .kube import Kube, KubeError, collection_path
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]   # (namespace, name)
+WATCH_SECONDS = 240
+
+
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+def _newer(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    """resourceVersions are etcd revisions here; compare them numerically when they are."""
+    if current is None:
+        return True
+    new, old = (o["metadata"].get("resourceVersion", "") for o in (candidate, current))
+    return not (new.isdigit() and old.isdigit()) or int(new) >= int(old)
+
+
+class Store:
+    """The objects of one kind, by (namespace, name), from the reflectors of its scopes (all
+    namespaces, or each watched namespace)."""
+
+    def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
+        self.kind = kind
+        self._lock = threading.Lock()
+        self._objects: dict[Key, dict[str, Any]] = {}
+        self._unlisted = set(scopes)
+        self.synced = threading.Event()   # every scope listed at least once
+
+    def replace(self, scope: str | None, items: Iterable[dict[str, Any]]) -> None:
+        fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _slim(o)
+                 for o in items}
+        with self._lock:
+            kept = {} if scope is None else {
+                k: v for k, v in self._objects.items() if k[0] != scope}
+            self._objects = {**kept, **fresh}
+            self._unlisted.discard(scope)
+            if not self._unlisted:
+                self.synced.set()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        with self._lock:
+            if _newer(obj, self._objects.get(key)):
+                self._objects[key] = _slim(obj)
+
+    def remove(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            self._objects.pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]),
+                              None)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._objects.get((namespace, name))
+
+    def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        with self._lock:
+            return [o for (ns, _), o in self._objects.items() if ns == namespace and all(
+                (o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._objects)
+
+
+class Reflector(threading.Thread):
+    """Keeps one Store in step with the API server (daemon thread)."""
+
+    def __init__(self, kube: Kube, store: Store, namespace: str | None):
+        super().__init__(daemon=True, name=f"reflector-{store.kind.plural}")
+        self.kube, self.store, self.namespace = kube, store, namespace
+        self.stopping = threading.Event()
+        self.selector = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self.stopping.is_set():
+            try:
+                version = self._list()
+                backoff = 0.5
+                while not self.stopping.is_set() and version is not None:
+                    version = self._watch(version)
+            except (KubeError, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                log.info("watch of %s: %s; relisting in %.1f s", self.store.kind.plural, exc,
+                         backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 30)
+
+    def _list(self) -> str:
+        body = self.kube.list_raw(self.store.kind, self.namespace, self.selector)
+        self.store.replace(self.namespace, body.get("items") or [])
+        return body["metadata"]["resourceVersion"]
+
+    def _watch(self, version: str) -> str | None:
+        """Applies events until the watch ends; returns the version to resume from, or None
+        when the version expired and a relist is needed."""
+        query = [("watch", "true"), ("resourceVersion", version),
+                 ("allowWatchBookmarks", "true"), ("labelSelector", self.selector),
+                 ("timeoutSeconds", str(WATCH_SECONDS))]
+        path = collection_path(self.store.kind, self.namespace)
+        with self.kube.stream(path, query, WATCH_SECONDS + 30) as response:
+            for line in response:
+                if self.stopping.is_set():
+                    return None
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        return None
+                    raise ValueError(f"watch error: {obj.get('message')}")
+                version = obj.get("metadata", {}).get("resourceVersion", version)
+                if kind in ("ADDED", "MODIFIED"):
+                    self.store.upsert(obj)
+                elif kind == "DELETED":
+                    self.store.remove(obj)
+        return version
+
+
+class Caches:
+    """A Store and a Reflector for every watched kind."""
+
+    def __init__(self, kube: Kube, namespaces: tuple[str, ...] = ()):
+        scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
+        self.stores = {k.kind: Store(k, scopes) for k in contract.WATCHED_KINDS}
+        self._reflectors = [Reflector(kube, self.stores[k.kind], ns)
+                            for k in contract.WATCHED_KINDS for ns in scopes]
+
+    def start(self) -> None:
+        for r in self._reflectors:
+            r.start()
+
+    def stop(self) -> None:
+        for r in self._reflectors:
+            r.stopping.set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(s.synced.wait(max(deadline - time.monotonic(), 0))
+                   for s in self.stores.values())
+
+    def store(self, kind: str) -> Store | None:
+        store = self.stores.get(kind)
+        return store if store is not None and store.synced.is_set() else None
