@@ -16,6 +16,7 @@ python-env:
 cluster-bins:
 	@tools/build-control-plane.sh >/dev/null
 	@tools/build-epp.sh --upstream >/dev/null
+	@tools/build-prometheus.sh >/dev/null
 
 demo: python-env cluster-bins
 	@$(PY) -m tests.cluster.demo

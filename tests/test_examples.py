@@ -61,8 +61,10 @@ def at_one_million(name: str, **decode) -> dict:
 
 
 @pytest.mark.parametrize("cr, refused_role, fields", [
-    # A DP8 prefill rank keeps the whole request's KV on one GPU.
-    (at_one_million("glm-5.3-baseline-a-dp8-prefill.yaml"), "prefill",
+    # A DP8 prefill rank keeps the whole request's KV on one GPU (behind the 1M example's
+    # decode, so that only the prefill is judged).
+    (at_one_million("glm-5.3-baseline-a-dp8-prefill.yaml", cpuOffloadPerRank="12Gi",
+                    hiSparse={"enabled": True, "hostPoolPerRank": "52Gi"}), "prefill",
      ["spec.prefill", "spec.prefill.contextParallel.decode", "spec.maxContextTokens"]),
     # Offload-only decode: attention reads GPU pages, the offload only keeps copies.
     (at_one_million("glm-5.3-baseline-b-offload-decode.yaml"), "decode",
