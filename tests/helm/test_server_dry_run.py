@@ -65,7 +65,7 @@ def test_helm_template_output_passes_a_server_side_dry_run(cluster, namespace,
     ensure_kopf_crds(cluster, crds)
     lines = dry_run(cluster, rest)
     kinds = {d["kind"] for d in rest}
-    expected = {"ServiceAccount", "Service", "Deployment"}
+    expected = {"ServiceAccount", "Service", "Deployment", "ConfigMap"}  # ConfigMap: dashboards
     if mode == "cluster-wide":
         expected |= {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
     else:
@@ -90,7 +90,7 @@ def test_kustomize_base_passes_a_server_side_dry_run(cluster, namespace, tmp_pat
     assert kinds == sorted(["Namespace", "CustomResourceDefinition",
                             "CustomResourceDefinition", "CustomResourceDefinition",
                             "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service",
-                            "Deployment"]), kinds
+                            "Deployment", *["ConfigMap"] * 5]), kinds  # 5 dashboards
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert binding["subjects"][0]["namespace"] == namespace
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
