@@ -1,4 +1,4 @@
-"""tools/sass_report.py compiles the sparse-MLA kernel for sm_90 on this CPU-only host (Triton
+"""benchmarks/sass_report.py compiles the sparse-MLA kernel for sm_90 on this CPU-only host (Triton
 bundles ptxas and cuobjdump) and reads the SASS: the reasons behind its tuning stay checkable."""
 
 import os
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def report(*flags: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, don't interpret
     env["PYTHONPATH"] = str(ROOT / "kernels")
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), *flags], env=env,
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_report.py"), *flags], env=env,
                          capture_output=True, text=True, timeout=300, check=True).stdout
     return dict(
         registers=int(re.search(r"registers (\d+)/thread", out).group(1)),

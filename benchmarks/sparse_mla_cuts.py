@@ -5,7 +5,7 @@ alone (the producers not waiting for consumers, the consumers' math not waiting 
 copies and waits only" is the gather's own time in this pipeline, the ceiling the whole kernel
 can reach.
 
-    PYTHONPATH=kernels python3 tools/sparse_mla_cuts.py [--slots random|consecutive|shared]
+    PYTHONPATH=kernels python3 benchmarks/sparse_mla_cuts.py [--slots random|consecutive|shared]
 
 --slots: each request's 2048 rows spread over its 64K-token context (what decode does), its first
 2048 rows, or the same 2048 rows for every request (1.3 MB, resident in L2: the copies' own speed).

@@ -1,7 +1,7 @@
 """Replays radix_topk.cu's candidate threshold (the sample of 2048 float4 chunks, bins fitted in
 key space, one or two levels) on random rows with numpy, and prints how many candidates each row
 lists: the number that must fit a shared-memory list (8192 entries) for the fast path. No GPU.
-Run:  python tools/topk_threshold_replay.py
+Run:  python benchmarks/topk_threshold_replay.py
 """
 
 import numpy as np

@@ -4,9 +4,9 @@ nothing else, with every warp keeping `depth` rows in flight (16-B cp.async, no 
 sweep of depths and grid sizes. Its best time is the ceiling for any kernel that gathers these
 rows the same way; docs/benchmarks.md sets the sparse-MLA kernel's own copy time against it.
 
-    PYTHONPATH=kernels python3 tools/row_gather_ceiling.py
+    PYTHONPATH=kernels python3 benchmarks/row_gather_ceiling.py
 
-Slot patterns as in tools/sparse_mla_cuts.py: random (decode), consecutive, shared (L2-resident).
+Slot patterns as in benchmarks/sparse_mla_cuts.py: random (decode), consecutive, shared (L2-resident).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from longctx_kernels import cuda_module, measure
-from sparse_mla_cuts import slot_pattern  # tools/ is the script's directory
+from sparse_mla_cuts import slot_pattern  # benchmarks/ is the script's directory
 
 CTAS_PER_SM = (1, 2, 4)
 

@@ -2,7 +2,7 @@
 what the compiler made of it: registers, local-memory spills, shared memory, and the main
 loop's instruction count and mix, read from the SASS with Triton's bundled cuobjdump.
 
-    PYTHONPATH=kernels python tools/sass_report.py --block-h 16 --block-k 64 --warps 8 --stages 2 --prefetch --fp16
+    PYTHONPATH=kernels python benchmarks/sass_report.py --block-h 16 --block-k 64 --warps 8 --stages 2 --prefetch --fp16
 
 It costs no device time; docs/benchmarks.md uses it to explain the timings.
 """
