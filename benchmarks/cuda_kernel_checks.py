@@ -11,7 +11,27 @@ import torch
 
 from longctx_kernels.indexer import radix_topk_cuda, topk_reference
 from longctx_kernels.measure import relative_error as rel
-from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda, sparse_mla_decode_reference
+from longctx_kernels.sparse_mla import (pack_fp8_ds_mla_rows, sparse_mla_decode_auto, sparse_mla_decode_cuda,
+                                        sparse_mla_decode_reference, sparse_mla_decode_wgmma)
+
+
+def _mla_case(decode, cache: torch.Tensor, batch: int, heads: int, k: int, padded: bool, gen: torch.Generator) -> tuple[float, bool]:
+    """decode(q, cache, slots, scale, out, lse) on NaN-poisoned outputs against the reference:
+    (error, passed). `padded`: padding slots in the first request and nothing selected in the last."""
+    q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
+    slots = torch.randint(0, cache.shape[0] * cache.shape[1], (batch, k), device="cuda", generator=gen, dtype=torch.int32)
+    if padded:
+        slots[0, : k // 3] = -1
+        slots[-1] = -1
+    ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
+    out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((batch, heads), float("nan"), device="cuda")
+    decode(q, cache, slots, 576**-0.5, out, lse)
+    seen = ~torch.isinf(ref_lse)
+    err = rel(out, ref)
+    ok = (err < 1e-2 and rel(lse[seen], ref_lse[seen]) < 1e-5 and bool((torch.isinf(lse) == torch.isinf(ref_lse)).all())
+          and (not padded or bool((out[-1] == 0).all())))
+    return err, ok
 
 
 def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
@@ -23,22 +43,24 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
         for batch, heads, k, splits, padded in ((2, 8, 64, 1, False), (2, 16, 128, 1, False), (3, 8, 192, 2, True),
                                                 (2, 5, 100, 4, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
                                                 (3, 8, 300, 4, True), (2, 16, 2048, 2, True)):
-            q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
-            slots = torch.randint(0, 4096, (batch, k), device="cuda", generator=gen, dtype=torch.int32)
-            if padded:  # padding slots, and a request with nothing selected
-                slots[0, : k // 3] = -1
-                slots[-1] = -1
-            ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
-            out = torch.full((batch, heads, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-            lse = torch.full((batch, heads), float("nan"), device="cuda")
-            sparse_mla_decode_cuda(q, cache, slots, 576**-0.5, num_splits=splits, tile=tile, stages=stages, teams=teams,
-                                   producers=producers, ctas_per_sm=ctas, out=out, out_lse=lse)
-            seen = ~torch.isinf(ref_lse)
-            ok = (rel(out, ref) < 1e-2 and rel(lse[seen], ref_lse[seen]) < 1e-5
-                  and bool((torch.isinf(lse) == torch.isinf(ref_lse)).all()))
+            err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(
+                q, c, s, sc, num_splits=splits, tile=tile, stages=stages, teams=teams, producers=producers,
+                ctas_per_sm=ctas, out=o, out_lse=l), cache, batch, heads, k, padded, gen)
             results.append((f"sparse MLA tile={tile} stages={stages} teams={teams} producers={producers} ctas={ctas} "
-                            f"B={batch} H={heads} K={k} "
-                            f"splits={splits} padded={padded}: err {rel(out, ref):.1e}", ok))
+                            f"B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
+    # The wgmma kernel: 64 heads a CTA (fewer are zero rows, more take several CTAs), slices of the
+    # list with a short last tile, a list shorter than one tile, one request spread over 8 slices.
+    for batch, heads, k, splits, padded in ((2, 64, 64, 1, False), (2, 64, 2048, None, True), (3, 64, 300, 2, True),
+                                            (2, 64, 100, 4, True), (3, 64, 20, 1, True), (1, 64, 2048, None, False),
+                                            (2, 128, 256, None, True), (3, 17, 192, 2, True), (2, 100, 300, 3, True)):
+        err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_wgmma(q, c, s, sc, num_splits=splits, out=o,
+                                                                             out_lse=l), cache, batch, heads, k, padded, gen)
+        results.append((f"sparse MLA wgmma B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
+    # Every head count the dispatcher takes to a CUDA kernel, on both sides of its 16-head switch.
+    for heads in (1, 2, 5, 8, 13, 16, 17, 24, 32, 48, 63, 64, 65, 96, 128):
+        err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_auto(q, c, s, sc, out=o, out_lse=l),
+                            cache, 3, heads, 300, True, gen)
+        results.append((f"sparse MLA dispatch H={heads} B=3 K=300 padded: err {err:.1e}", ok))
     return results
 
 

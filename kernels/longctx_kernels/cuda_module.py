@@ -89,12 +89,14 @@ class Kernel:
 
 
 @functools.cache
-def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[str, int], ...] = ()) -> Kernel:
+def load(source_file: str, name: str, device_index: int, defines: tuple[tuple[str, int], ...] = (),
+         arch_suffix: str = "") -> Kernel:
     """Compile `csrc/source_file` (with -D`defines`) for the device's architecture and load kernel
-    `name`; `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory."""
+    `name`; `<name>_shared_bytes` (a __device__ int in the source) sizes its dynamic shared memory.
+    `arch_suffix` "a" targets the architecture-specific variant (sm_90a: wgmma, setmaxnreg)."""
     torch.cuda.init()  # the primary context, current on this thread
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}", defines)
+    cubin = compile_cubin((CSRC / source_file).read_text(), f"sm_{major}{minor}{arch_suffix}", defines)
     with torch.cuda.device(device_index):
         module = _check(driver.cuModuleLoadData(cubin))
         function = _check(driver.cuModuleGetFunction(module, name.encode()))

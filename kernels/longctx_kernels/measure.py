@@ -3,10 +3,11 @@ comparisons the GPU checks judge kernels by."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,23 +42,69 @@ def median_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> flo
     return statistics.median(times)
 
 
+def l2_bytes() -> int:
+    """The current GPU's L2 cache size in bytes."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+
+
+def cold_sets_needed(bytes_per_set: int) -> int:
+    """How many distinct input sets a cold timing rotates: at least 4, and enough that the other
+    sets' bytes between two calls on the same set are at least twice the L2."""
+    return max(4, math.ceil(2 * l2_bytes() / max(bytes_per_set, 1)) + 1)
+
+
+def cold_graph_median_ms(calls: Sequence[Callable[[], object]], bytes_per_set: int, iters: int = 20,
+                         calls_per_graph: int = 40) -> float:
+    """Median GPU time of one call with its inputs out of L2.
+
+    Each of `calls` must run the same work over its own inputs (a set of `bytes_per_set` bytes,
+    outputs included). The graph runs them in turn, so the bytes the other sets touch between two
+    calls on one set exceed the L2, as in a decode step where every layer reads its own cache.
+    graph_median_ms (one set, repeated) is the warm figure; only this one is compared with an HBM floor.
+    """
+    needed = cold_sets_needed(bytes_per_set)
+    if len(calls) < needed:
+        raise ValueError(f"cold timing got {len(calls)} input sets of {bytes_per_set / 1e6:.1f} MB; "
+                         f"L2 is {l2_bytes() / 1e6:.0f} MB, so it needs at least {needed}")
+    rounds = max(1, calls_per_graph // len(calls))
+    order = [call for _ in range(rounds) for call in calls]
+    return _graph_replay_ms(lambda: [call() for call in order], len(order), iters)
+
+
+def flushed_graph_median_ms(fn: Callable[[], object], iters: int = 20, reps: int = 10) -> float:
+    """A cross-check of cold_graph_median_ms on one input set: fn() after a read of three L2s
+    (which evicts fn's inputs and leaves no dirty line), minus that read alone."""
+    sink = torch.empty(3 * l2_bytes() // 4, dtype=torch.float32, device="cuda").normal_()
+    total = torch.empty((), device="cuda")
+
+    def flush():
+        torch.sum(sink, dim=0, out=total)
+
+    both = _graph_replay_ms(lambda: [(flush(), fn()) for _ in range(reps)], reps, iters)
+    return both - _graph_replay_ms(lambda: [flush() for _ in range(reps)], reps, iters)
+
+
 def graph_median_ms(fn: Callable[[], object], iters: int = 20, reps: int = 10) -> float:
-    """Median GPU time of one fn() call, from replays of a CUDA graph of `reps` calls.
+    """Median GPU time of one fn() call, from replays of a CUDA graph of `reps` calls on the same
+    inputs: warm, since the inputs that fit stay in L2 from one call to the next.
 
     Host-side launch cost (Python wrappers, Triton's launcher) stays out of the
     number: it is what a CUDA-graphed decode step pays.
     """
+    return _graph_replay_ms(lambda: [fn() for _ in range(reps)], reps, iters)
+
+
+def _graph_replay_ms(body: Callable[[], object], calls: int, iters: int) -> float:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (compilation, allocations) off the capture
-        for _ in range(3):
-            fn()
+        for _ in range(2):
+            body()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return median_ms(graph.replay, iters, warmup=2) / reps
+        body()
+    return median_ms(graph.replay, iters, warmup=2) / calls
 
 
 def hbm_copy_bandwidth(num_bytes: int = 2 << 30, iters: int = 20) -> float:

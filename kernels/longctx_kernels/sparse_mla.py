@@ -347,6 +347,70 @@ def sparse_mla_decode_cuda(
     return out, out_lse
 
 
+WGMMA_HEADS = 64  # heads a CTA of the wgmma kernel
+WGMMA_TILE = 32  # tokens a tile of the wgmma kernel
+
+
+def sparse_mla_decode_wgmma(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    topk_slots: torch.Tensor,
+    sm_scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hand-written wgmma kernel (csrc/sparse_mla_wgmma.cu) for many heads on sm_90a: same
+    contract as :func:`sparse_mla_decode`. A CTA takes 64 heads (fewer are zero rows, more take
+    several CTAs) of one request and one of `num_splits` slices of its top-k list (by default
+    enough slices that the CTAs fill the GPU once, see :func:`_wgmma_splits`); with more than one
+    slice, bf16 partials are combined by :func:`lse_merge`."""
+    from .cuda_module import load
+
+    batch, heads, dim = q.shape
+    assert dim == LATENT + ROPE and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
+    assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
+    assert torch.cuda.get_device_capability(q.device) == (9, 0), "wgmma needs an sm_90 GPU (H100, H200)"
+    assert cache.numel() // ROW_BYTES < 2**31, "the kernel addresses rows with 32-bit slots"
+    head_blocks = triton.cdiv(heads, WGMMA_HEADS)
+    k = topk_slots.shape[1]
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_splits = _wgmma_splits(batch * head_blocks, k, sms)
+    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), WGMMA_TILE) * WGMMA_TILE
+    num_splits = triton.cdiv(k, k_per_split) if k else 1
+    q = q.contiguous()
+    topk_slots = topk_slots.contiguous()
+    part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
+    kernel = load("sparse_mla_wgmma.cu", "sparse_mla_wgmma", q.device.index, arch_suffix="a")
+    ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    kernel.launch((num_splits, batch, head_blocks), 256, [
+        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
+        (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
+        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
+    return _merge_slices(num_splits, part, part_lse, out, out_lse)
+
+
+def _wgmma_splits(ctas: int, k: int, sms: int) -> int:
+    """Slices of the top-k list for the wgmma kernel (one CTA an SM): as many as fill the SMs once
+    (B=64 on 132 SMs: 2), at most 8, and at least 4 tiles a slice."""
+    return max(1, min(8, sms // max(ctas, 1), k // (4 * WGMMA_TILE)))
+
+
+def sparse_mla_decode_auto(
+    q: torch.Tensor, cache: torch.Tensor, topk_slots: torch.Tensor, sm_scale: float,
+    out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode by the fastest kernel for the head count and GPU: on sm_90, the CUDA
+    kernel for up to 16 heads and the wgmma kernel above that; elsewhere the Triton kernel."""
+    heads = q.shape[1]
+    if q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0):
+        if heads <= 16:
+            return sparse_mla_decode_cuda(q, cache, topk_slots, sm_scale, out=out, out_lse=out_lse)
+        return sparse_mla_decode_wgmma(q, cache, topk_slots, sm_scale, out=out, out_lse=out_lse)
+    return sparse_mla_decode(q, cache, topk_slots, sm_scale, out=out, out_lse=out_lse)
+
+
 def _cuda_splits(batch: int, clusters_at_once) -> int:
     """Slices a request for the CUDA kernel: the count (4, 2, 1) whose clusters take the fewest
     slice-lengths of time, waves of clusters x (1 / slices), ties to fewer waves. On an H200 at

@@ -17,13 +17,17 @@ from longctx_kernels.cuda_module import CSRC, CudaError, compile_cubin
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def resource_usage(cubin: bytes) -> dict[str, int]:
-    """Registers, stack and local memory of the cubin's kernels (the largest, when it has several)."""
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    env = dict(os.environ, PATH=os.path.dirname(CUOBJDUMP) + os.pathsep + os.environ.get("PATH", ""))  # its nvdisasm
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([CUOBJDUMP, flag, f.name], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers, stack and local memory of the cubin's kernels (the largest, when it has several)."""
+    out = cuobjdump(cubin, "--dump-resource-usage")
     usage: dict[str, int] = {}
     for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", out):
         usage[key] = max(usage.get(key, 0), int(value))
@@ -47,10 +51,21 @@ def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(tile, stages, t
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0
 
 
+def test_sparse_mla_wgmma_kernel_compiles_for_sm90a_without_spills_or_serialized_mma():
+    cubin = compile_cubin((CSRC / "sparse_mla_wgmma.cu").read_text(), "sm_90a")
+    usage = resource_usage(cubin)
+    assert usage["REG"] <= 255 and usage["STACK"] == 0 and usage["LOCAL"] == 0
+    sass = cuobjdump(cubin, "--dump-sass")
+    # A tile: S as 2 rope + 16 latent k-steps a warpgroup (n32), P.V as 2 groups x 2 token chunks (n128).
+    assert sass.count("HGMMA.64x32x16.F32.BF16") == 18 and sass.count("HGMMA.64x128x16.F32.BF16") == 4
+    # ptxas serializes wgmmas it cannot keep in flight by a wait after each one; the kernel waits 3 times a tile.
+    assert sass.count("WARPGROUP.DEPBAR") <= 3
+
+
 def test_sparse_mla_cuts_still_match_the_kernel_and_compile():
-    """tools/sparse_mla_cuts.py cuts parts out of the kernel's source by text: a cut that stopped
+    """benchmarks/sparse_mla_cuts.py cuts parts out of the kernel's source by text: a cut that stopped
     matching would otherwise show only on a GPU, as a wrong table."""
-    path = Path(__file__).resolve().parents[2] / "tools" / "sparse_mla_cuts.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_mla_cuts.py"
     spec = importlib.util.spec_from_file_location("sparse_mla_cuts", path)
     cuts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cuts)

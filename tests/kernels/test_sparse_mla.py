@@ -3,8 +3,10 @@ import torch
 
 from longctx_kernels.sparse_mla import (
     _cuda_splits,
+    _wgmma_splits,
     pack_fp8_ds_mla_rows,
     sparse_mla_decode,
+    sparse_mla_decode_auto,
     sparse_mla_decode_reference,
     unpack_fp8_ds_mla_rows,
 )
@@ -65,3 +67,22 @@ def test_cuda_kernel_takes_the_slice_count_whose_clusters_finish_first(batch, sp
 def test_cuda_slice_count_follows_what_the_gpu_holds():
     # A GPU that holds only 8 clusters of 4 sends 16 requests to clusters of 2.
     assert _cuda_splits(16, {4: 8, 2: 66, 1: 132}.get) == 2
+
+
+@pytest.mark.parametrize("ctas,k,splits", [(64, 2048, 2), (1, 2048, 8), (132, 2048, 1), (128, 2048, 1), (2, 300, 2),
+                                          (1, 100, 1)])
+def test_wgmma_kernel_slices_fill_the_gpu_once(ctas, k, splits):
+    # 132 SMs, one CTA each: B=64 takes 2 slices; a lone request at most 8; every slice >= 4 tiles of 32.
+    assert _wgmma_splits(ctas, k, 132) == splits
+
+
+def test_dispatch_off_an_h200_runs_the_triton_kernel(gen):
+    # On the CPU (the interpreter) the dispatcher falls back to Triton for any head count.
+    cache = pack_fp8_ds_mla_rows(torch.randn(256, 576, generator=gen)).reshape(4, 64, 656)
+    q = torch.randn(2, 20, 576, generator=gen).bfloat16()
+    slots = torch.randint(0, 256, (2, 48), generator=gen, dtype=torch.int32)
+    slots[1] = -1
+    out, lse = sparse_mla_decode_auto(q, cache, slots, 576**-0.5)
+    ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
+    assert relative_error(out, ref) < 1e-2 and relative_error(lse[0], ref_lse[0]) < 1e-5
+    assert (lse[1] == float("-inf")).all() and torch.equal(out[1], torch.zeros_like(out[1]))
