@@ -41,7 +41,7 @@ def scale(unit: str, values: list[float]) -> tuple[float, str]:
         return 100, "%"
     if unit in ("bytes", "Bps"):
         per_s = "/s" if unit == "Bps" else ""
-        for factor, name in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        for factor, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
             if top >= factor:
                 return 1 / factor, name + per_s
         return 1, "B" + per_s
@@ -110,9 +110,10 @@ def render(name: str, board: dict, prometheus: prom.Prometheus, out: Path) -> Pa
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in board["panels"])
     height = HEADER_IN + rows * ROW_HEIGHT_IN
     fig = plt.figure(figsize=(WIDTH_IN, height))
+    users = " / ".join(map(str, series.CONCURRENCY))
     fig.suptitle(f"{board['title']}  (simulated series, "
                  f"{datetime.fromtimestamp(start, timezone.utc):%Y-%m-%d %H:%M} UTC + "
-                 f"{(end - start) // 60} min, concurrency {' / '.join(map(str, series.CONCURRENCY))})",
+                 f"{(end - start) // 60} min, concurrency {users})",
                  fontsize=11, x=0.01, y=1 - 0.15 / height, ha="left", va="top")
     for panel in board["panels"]:
         pos = panel["gridPos"]

@@ -112,10 +112,10 @@ def free_port() -> int:
 class Prometheus:
     """A real Prometheus on 127.0.0.1 serving a TSDB backfilled from an OpenMetrics text."""
 
-    def __init__(self, openmetrics: str, workdir: Path | None = None):
+    def __init__(self, openmetrics: str):
         self.bins = bin_dir()
-        self._tmp = tempfile.TemporaryDirectory(prefix="longctx-prom-") if workdir is None else None
-        self.dir = Path(self._tmp.name) if self._tmp else workdir
+        self._tmp = tempfile.TemporaryDirectory(prefix="longctx-prom-")
+        self.dir = Path(self._tmp.name)
         self.openmetrics = openmetrics
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -157,8 +157,7 @@ class Prometheus:
             self.proc.terminate()
             self.proc.wait(timeout=10)
             self.log.close()
-        if self._tmp:
-            self._tmp.cleanup()
+        self._tmp.cleanup()
 
     def api(self, path: str, **params: Any) -> Any:
         """GET /api/v1/<path>; returns `data`, raises AssertionError with Prometheus' error."""

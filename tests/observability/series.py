@@ -220,7 +220,10 @@ def picker_families() -> list[Family]:
     base = {"namespace": NAMESPACE, "pod": PICKER_POD, "job": f"{NAMESPACE}/{DEPLOYMENT}-epp"}
     decode_endpoints = [{"pod_name": f"{DEPLOYMENT}-decode-0", "port": str(8000 + r)}
                         for r in range(DECODE_RANKS)]
-    pick = lambda r: lambda t: requests_per_s(t) / DECODE_RANKS * _noise(f"pick{r}", t, 0.3)  # noqa: E731,E501
+
+    def pick(rank: int) -> Callable[[float], float]:
+        return lambda t: requests_per_s(t) / DECODE_RANKS * _noise(f"pick{rank}", t, 0.3)
+
     plugins = ("prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer",
                "max-score-picker")
     return [

@@ -5,6 +5,7 @@ Extension endpoint picker's Go source (the module cache). Each returns {metric f
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import subprocess
@@ -15,7 +16,11 @@ GIE_VERSION = "1.5.0"  # tools/build-epp.sh's GIE_VERSION
 
 # The parts of vLLM that define the metrics longctx reads: the engine's stat logger, spec
 # decoding, the KV connectors (NIXL, HiSparse, offloading) and the CPU offload manager.
-VLLM_METRIC_SOURCES = ("v1/metrics", "v1/spec_decode", "distributed/kv_transfer", "v1/kv_offload")
+VLLM_METRIC_SOURCES = ("v1/metrics", "v1/spec_decode/metrics.py", "v1/kv_offload/cpu",
+                       "distributed/kv_transfer/kv_connector/v1/metrics.py",
+                       "distributed/kv_transfer/kv_connector/v1/nixl",
+                       "distributed/kv_transfer/kv_connector/v1/hisparse",
+                       "distributed/kv_transfer/kv_connector/v1/offloading")
 
 SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",),
                    "histogram": ("_bucket", "_sum", "_count")}
@@ -47,19 +52,21 @@ def vllm_package() -> Path:
     assert spec and spec.origin, ("vLLM is not installed in this Python: run tests with the "
                                   "venv of tools/python-env.sh (vllm==0.33.0)")
     root = Path(spec.origin).parent
-    version = (root / "version.py").read_text() if (root / "version.py").exists() else ""
-    dist = list(root.parent.glob("vllm-*.dist-info"))
-    assert any(d.name.startswith("vllm-0.33.") for d in dist), (
-        f"the vLLM at {root} is not 0.33 ({[d.name for d in dist]} {version[:80]})")
+    dist = [d.name for d in root.parent.glob("vllm-*.dist-info")]
+    assert any(d.startswith("vllm-0.33.") for d in dist), f"the vLLM at {root} is not 0.33: {dist}"
     return root
 
 
+@functools.cache
 def vllm_metrics() -> dict[str, str]:
     """Metric families vLLM registers: `name=` of a Counter/Gauge/Histogram constructor, or a
     dict key / subscript bound to a *Counter*/*Gauge*/*Histogram* metadata object; names may
     be string literals or class/module constants."""
     root = vllm_package()
-    files = [f for sub in VLLM_METRIC_SOURCES for f in sorted((root / sub).rglob("*.py"))]
+    paths = [root / sub for sub in VLLM_METRIC_SOURCES]
+    missing = [str(p) for p in paths if not p.exists()]
+    assert not missing, f"vLLM 0.33's metric sources moved: {missing}"
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*.py")))]
     trees = [ast.parse(f.read_text(), str(f)) for f in files]
     consts: dict[str, str] = {}
     for tree in trees:
@@ -125,7 +132,7 @@ def operator_metrics() -> dict[str, str]:
 
 def gie_module_dir() -> Path:
     proc = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True)
-    assert proc.returncode == 0, "go is not installed: the picker's metrics are read from its module"
+    assert proc.returncode == 0, "go is missing: the picker's metrics are read from its module"
     path = Path(proc.stdout.strip()) / f"{GIE_MODULE}@v{GIE_VERSION}"
     assert path.is_dir(), (
         f"{path} is missing: run tools/build-epp.sh --upstream (or `go mod download "
@@ -137,6 +144,7 @@ _GO_OPTS = re.compile(r"prometheus\.New(Counter|Gauge|Histogram|Summary)(?:Vec)?
                       r"prometheus\.\w+Opts\{")
 
 
+@functools.cache
 def picker_metrics() -> dict[str, str]:
     """Families the GIE endpoint picker defines with prometheus.New*Vec(prometheus.*Opts{...})
     in its non-test Go files: [Namespace_][Subsystem_]Name."""
