@@ -33,6 +33,25 @@ NAME_RULE = Rule(f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
                  "shorter name")
 
 
+# A container image reference (registry/repository[:tag][@digest], the grammar of
+# distribution/reference), written without backslashes so that CEL (RE2) and the offline
+# check read the same pattern; the kubelet reports anything else as InvalidImageName only
+# after the old pod is gone.
+_HOST_PART = "[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_PATH_PART = "[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+IMAGE_PATTERN = (f"^(?:{_HOST_PART}(?:[.]{_HOST_PART})*(?::[0-9]+)?/)?{_PATH_PART}"
+                 f"(?:/{_PATH_PART})*(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{{0,127}})?"
+                 "(?:@[a-zA-Z][a-zA-Z0-9]*(?:[-_+.][a-zA-Z][a-zA-Z0-9]*)*:[a-fA-F0-9]{32,})?$")
+MAX_IMAGE_LENGTH = 512
+
+
+def image_rule(field: str, example: str) -> Rule:
+    return Rule(f"self.matches('{IMAGE_PATTERN}')",
+                f"{field} {{self}} is not an image reference "
+                "(registry/repository[:tag][@sha256:digest], lowercase repository, no spaces); "
+                f"write it like {example}")
+
+
 def power_of_two(field: str) -> Rule:
     """The integer field is 1, 2, 4, ... 512 (GPU counts of one node group)."""
     return Rule(f"self.{field} in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]",
@@ -145,7 +164,8 @@ class Engine(APIObject):
     """The vLLM engine image and settings shared by both roles."""
 
     image: str = api_field("Engine image (vLLM 0.33.0 plus longctx's engine and kernels).",
-                           "ghcr.io/longctx/engine:0.1.0")
+                           "ghcr.io/longctx/engine:0.1.0", max_length=MAX_IMAGE_LENGTH,
+                           rules=(image_rule("image", "ghcr.io/longctx/engine:0.1.0"),))
     vllmVersion: str = api_field("vLLM version inside the image; must match across roles.",
                                  "0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
     kvCacheDtype: str = api_field(
@@ -331,10 +351,14 @@ class Router(APIObject):
     """The llm-d prefix-aware router: InferencePool, endpoint picker, decode routing sidecar."""
 
     enabled: bool = api_field("Deploy the router objects.", True)
-    pickerImage: str = api_field("Endpoint picker image.",
-                                 "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0")
-    sidecarImage: str = api_field("Decode routing sidecar image.",
-                                  "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0")
+    pickerImage: str = api_field(
+        "Endpoint picker image.", "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "pickerImage", "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"),))
+    sidecarImage: str = api_field(
+        "Decode routing sidecar image.", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "sidecarImage", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"),))
     prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
     disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
     gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)

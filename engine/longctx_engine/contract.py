@@ -225,6 +225,8 @@ KINDS = (
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions",
          cluster_scoped=True),
+    # Free GPUs on the nodes a placement selects, when a new revision cannot be scheduled.
+    Kind("v1", "Node", "nodes", cluster_scoped=True, verbs=("get", "list")),
 )
 MANAGED_KINDS = tuple(k for k in KINDS if k.managed)
 WATCHED_KINDS = tuple(k for k in KINDS if k.watched)

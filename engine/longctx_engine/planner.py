@@ -35,8 +35,9 @@ from typing import Any, Optional
 
 from . import models
 from .api import Architecture, LongContextDeploymentSpec
-from .layout import Layout, role_layouts
-from .quantity import GiB, parse_bytes
+from .layout import Layout, role_layout, role_layouts
+from .memory import hisparse_enabled, pod_memory
+from .quantity import GiB, MiB, parse_bytes
 
 BLOCK_TOKENS = 64           # vLLM's KV page for sparse MLA + indexer on H200
 INDEX_BYTES = 4             # int32 top-k index read with each selected KV row
@@ -237,6 +238,116 @@ def hisparse_gpu_bytes_per_request(arch: Architecture, spec: LongContextDeployme
     return indexer + hot
 
 
+# ------------------------------------------------------------ host memory of the nodes
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# GPU feature discovery's label: one GPU's memory in MiB.
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What the planner needs of one node: its labels and allocatable host memory."""
+
+    name: str
+    labels: dict[str, str]
+    allocatable: int
+
+    @classmethod
+    def from_manifest(cls, node: dict[str, Any]) -> Optional["NodeMemory"]:
+        """A Node object as the API returns it; None when its memory is not a quantity."""
+        meta = node.get("metadata") or {}
+        try:
+            memory = parse_bytes(((node.get("status") or {}).get("allocatable") or {})
+                                 .get("memory", ""), "allocatable memory")
+        except ValueError:
+            return None
+        return cls(meta.get("name", ""), dict(meta.get("labels") or {}), memory)
+
+    @property
+    def gpu_memory(self) -> Optional[int]:
+        value = self.labels.get(GPU_MEMORY_LABEL, "")
+        return int(value) * MiB if value.isdigit() else None
+
+
+def placement_nodes(spec: LongContextDeploymentSpec, nodes: list[NodeMemory]
+                    ) -> list[NodeMemory]:
+    """The nodes the engine pods' node affinity and nodeSelector allow."""
+    wanted = {GPU_PRODUCT_LABEL: spec.placement.gpuProduct, **spec.placement.nodeSelector}
+    return [n for n in nodes if all(n.labels.get(k) == v for k, v in wanted.items())]
+
+
+def _placement_text(spec: LongContextDeploymentSpec) -> str:
+    wanted = {GPU_PRODUCT_LABEL: spec.placement.gpuProduct, **spec.placement.nodeSelector}
+    return ", ".join(f"{k}={v}" for k, v in wanted.items())
+
+
+def _host_memory_fields(spec: LongContextDeploymentSpec, role: str) -> str:
+    """The spec field that holds most of one pod's host memory: what to lower."""
+    r = getattr(spec, role)
+    fields = [(parse_bytes(r.cpuOffloadPerRank), f"spec.{role}.cpuOffloadPerRank",
+               r.cpuOffloadPerRank)]
+    if hisparse_enabled(spec, role):
+        fields.append((parse_bytes(spec.decode.hiSparse.hostPoolPerRank),
+                       "spec.decode.hiSparse.hostPoolPerRank", spec.decode.hiSparse.hostPoolPerRank))
+    _, name, value = max(fields)
+    return f"{name} ({value})"
+
+
+def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory]]
+                ) -> tuple[dict[str, Any], Optional[str], Optional[str]]:
+    """Each role's pod memory (CPU offload in /dev/shm, HiSparse pinned pools, process RSS
+    and page-cache headroom: memory.pod_memory) and one GPU's memory against the nodes the
+    placement selects. Returns (the plan's hostMemory object, a refusal, a note); `nodes`
+    None means no node list (offline, or no permission to list nodes): nothing is checked."""
+    pods = {role: pod_memory(spec, role_layout(spec, role)).request
+            for role in ("prefill", "decode")}
+    out: dict[str, Any] = {f"{role}PodGiB": _gib(need) for role, need in pods.items()}
+    if nodes is None:
+        out["checked"] = False
+        return out, None, ("host memory per pod was not checked against the nodes (no node "
+                           "list: offline, or the operator may not list nodes)")
+    selected = placement_nodes(spec, nodes)
+    out.update(checked=bool(selected), nodes=len(selected))
+    if not selected:
+        return out, None, (f"no node matches the placement ({_placement_text(spec)}); host "
+                           "memory per pod was not checked")
+    largest = max(selected, key=lambda n: n.allocatable)
+    out["largestAllocatableGiB"] = _gib(largest.allocatable)
+    problems = []
+    for role, need in pods.items():
+        if need > largest.allocatable:
+            problems.append(
+                f"{_host_memory_fields(spec, role)} makes each {role} pod need {_gib(need)} GiB "
+                f"of host memory (CPU offload, HiSparse pools, /dev/shm and process memory), "
+                f"but the largest node the placement selects ({largest.name}, "
+                f"{_placement_text(spec)}) has {_gib(largest.allocatable)} GiB allocatable: "
+                "lower it")
+    gpu_sizes = [n.gpu_memory for n in selected if n.gpu_memory is not None]
+    gpu = parse_bytes(spec.capacity.gpuMemory, "spec.capacity.gpuMemory")
+    if gpu_sizes and gpu > max(gpu_sizes):
+        problems.append(
+            f"spec.capacity.gpuMemory ({spec.capacity.gpuMemory}, {_gib(gpu)} GiB) is more than "
+            f"the largest GPU of the selected nodes ({_gib(max(gpu_sizes))} GiB, label "
+            f"{GPU_MEMORY_LABEL}): set it to what torch.cuda.mem_get_info reports")
+    return out, ("; ".join(problems) + ".") if problems else None, None
+
+
+def gpu_quantity_problems(spec: LongContextDeploymentSpec) -> list[str]:
+    """Per-GPU quantities that cannot hold on any GPU of spec.capacity.gpuMemory."""
+    cap = spec.capacity
+    gpu = parse_bytes(cap.gpuMemory, "spec.capacity.gpuMemory")
+    out = []
+    if cap.kvBudgetPerGpu is not None and parse_bytes(cap.kvBudgetPerGpu) > gpu:
+        out.append(f"spec.capacity.kvBudgetPerGpu ({cap.kvBudgetPerGpu}) is more than the whole "
+                   f"GPU (spec.capacity.gpuMemory {cap.gpuMemory}): lower it")
+    if parse_bytes(cap.activationReservePerGpu) >= gpu:
+        out.append(f"spec.capacity.activationReservePerGpu ({cap.activationReservePerGpu}) "
+                   f"leaves nothing of the GPU (spec.capacity.gpuMemory {cap.gpuMemory}): "
+                   "lower it")
+    return out
+
+
 # ------------------------------------------------------------ plan
 
 
@@ -302,10 +413,19 @@ class CapacityPlan:
     decode: RoleCapacity
     refusal: Optional[str] = None
     notes: tuple[str, ...] = field(default=())
+    host_memory: dict[str, Any] = field(default_factory=dict)
+    host_refusal: Optional[str] = None   # pods or GPU figures no selected node can hold
 
     @property
     def fits(self) -> bool:
-        return self.prefill.fits and self.decode.fits
+        return self.prefill.fits and self.decode.fits and self.host_refusal is None
+
+    @property
+    def reason(self) -> str:
+        """The CapacityPlanned=False reason: the KV check's, else the nodes'."""
+        if self.prefill.fits and self.decode.fits:
+            return "InsufficientHostMemory"
+        return "InsufficientKVCapacity"
 
     def to_json(self) -> dict[str, Any]:
         bpt = self.bytes_per_token
@@ -318,6 +438,7 @@ class CapacityPlan:
                         "kvGiB": _gib(self.request_bytes)},
             "prefill": self.prefill.to_json(),
             "decode": self.decode.to_json(),
+            "hostMemory": dict(self.host_memory),
             "fits": self.fits,
             "refusal": self.refusal,
             "notes": list(self.notes),
@@ -495,16 +616,23 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
         hisparse=hisparse, refusal=refusal)
 
 
-def plan(spec: LongContextDeploymentSpec) -> CapacityPlan:
-    """The capacity plan of a spec (see the module docstring for the model)."""
+def plan(spec: LongContextDeploymentSpec,
+         nodes: Optional[list[NodeMemory]] = None) -> CapacityPlan:
+    """The capacity plan of a spec (see the module docstring for the model). `nodes`: the
+    cluster's nodes, for the host-memory check; None skips it (said in the notes)."""
     arch = models.resolve_architecture(spec.model)
     dtype = spec.engine.kvCacheDtype
     bpt = kv_bytes_per_token(arch, dtype)
     prefill_layout, decode_layout = role_layouts(spec)
     prefill = _plan_prefill(spec, arch, bpt, prefill_layout)
     decode = _plan_decode(spec, arch, bpt, decode_layout)
-    refusals = [r for r in (prefill.refusal, decode.refusal) if r]
-    notes = []
+    host, host_refusal, host_note = host_memory(spec, nodes)
+    gpu_problems = gpu_quantity_problems(spec)
+    if gpu_problems:
+        host_refusal = "; ".join(gpu_problems + ([host_refusal.rstrip(".")] if host_refusal
+                                                 else [])) + "."
+    refusals = [r for r in (prefill.refusal, decode.refusal, host_refusal) if r]
+    notes = [host_note] if host_note else []
     if arch.parameterBytes is not None and arch.replicatedParameterBytes is None \
             and spec.capacity.kvBudgetPerGpu is None:
         notes.append("architecture.replicatedParameterBytes is unset: all weights were divided "
@@ -518,4 +646,5 @@ def plan(spec: LongContextDeploymentSpec) -> CapacityPlan:
         architecture=arch, preset=spec.model.preset if spec.model.architecture is None else None,
         kv_cache_dtype=dtype, max_context_tokens=spec.maxContextTokens, bytes_per_token=bpt,
         request_bytes=request_kv_bytes(bpt, spec.maxContextTokens), prefill=prefill,
-        decode=decode, refusal=" ".join(refusals) if refusals else None, notes=tuple(notes))
+        decode=decode, refusal=" ".join(refusals) if refusals else None, notes=tuple(notes),
+        host_memory=host, host_refusal=host_refusal)

@@ -11,6 +11,7 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$
 # The same grammar as the CRD's pattern for size fields (no milli units: these are bytes).
 PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
+MiB = 2**20
 GiB = 2**30
 
 

@@ -40,7 +40,8 @@ class Rule:
 
     def holds(self, subject: Any) -> bool:
         """Evaluates the rule offline on a typed API object (or a field value)."""
-        return bool(eval(_python_expression(self.rule), {"__builtins__": {}, "len": len},
+        return bool(eval(_python_expression(self.rule),
+                         {"__builtins__": {}, "len": len, "_matches": _matches},
                          {"self": subject}))
 
     def render(self, subject: Any) -> str:
@@ -62,10 +63,14 @@ class Rule:
 
 
 _PLACEHOLDER = re.compile(r"\{(self(?:\.\w+)*)\}")
-# The CEL subset rules are written in: paths on self, has(), .size(), integer arithmetic,
-# comparisons, `in` on list literals, map literals, !, && and ||. No ternaries.
+# The CEL subset rules are written in: paths on self, has(), .size(), .matches() with a
+# single-quoted literal free of backslashes and quotes (RE2 and Python's re agree on the
+# constructs such patterns use), integer arithmetic, comparisons, `in` on list literals,
+# map literals, !, && and ||. No ternaries. String literals are left as they are.
+_CEL_LITERAL = re.compile(r"('[^'\\]*')")
 _CEL_TO_PYTHON = ((re.compile(r"has\((self(?:\.\w+)+)\)"), r"(\1 is not None)"),
                   (re.compile(r"(self(?:\.\w+)*)\.size\(\)"), r"len(\1)"),
+                  (re.compile(r"(self(?:\.\w+)*)\.matches\("), r"_matches(\1, "),
                   (re.compile(r"&&"), " and "), (re.compile(r"\|\|"), " or "),
                   (re.compile(r"!(?!=)"), " not "), (re.compile(r"\btrue\b"), "True"),
                   (re.compile(r"\bfalse\b"), "False"), (re.compile(r"(?<![/])/(?![/])"), "//"))
@@ -73,10 +78,27 @@ _CEL_TO_PYTHON = ((re.compile(r"has\((self(?:\.\w+)+)\)"), r"(\1 is not None)"),
 
 @functools.lru_cache(maxsize=None)
 def _python_expression(rule: str) -> Any:
-    expr = rule
-    for pattern, repl in _CEL_TO_PYTHON:
-        expr = pattern.sub(repl, expr)
-    return compile(expr.strip(), f"<rule {rule}>", "eval")
+    parts = _CEL_LITERAL.split(rule)   # odd indexes: string literals, kept verbatim
+    for i in range(0, len(parts), 2):
+        for pattern, repl in _CEL_TO_PYTHON:
+            parts[i] = pattern.sub(repl, parts[i])
+    return compile("".join(parts).strip(), f"<rule {rule}>", "eval")
+
+
+def _matches(value: Any, pattern: str) -> bool:
+    """CEL's string.matches: true when the RE2 pattern matches any substring."""
+    return re.search(_re2_anchors(pattern), str(value)) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _re2_anchors(pattern: str) -> str:
+    """RE2's `$` (outside a character class) matches only at the end of the text; Python's
+    would also match before a final newline."""
+    out, in_class = [], False
+    for ch in pattern:
+        in_class = (in_class and ch != "]") or ch == "["
+        out.append(r"\Z" if ch == "$" and not in_class else ch)
+    return "".join(out)
 
 
 def _resolve(subject: Any, path: str) -> Any:

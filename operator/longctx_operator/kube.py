@@ -54,6 +54,7 @@ class Kube:
         self.backoff = backoff
         self.caches: Caches | None = None
         self._crds: dict[str, tuple[float, bool]] = {}
+        self._nodes: tuple[float, list[dict[str, Any]] | None] | None = None
 
     @classmethod
     def from_environment(cls) -> "Kube":
@@ -207,6 +208,21 @@ class Kube:
         except KubeError:
             found = False  # no permission to read CRDs: treat the optional kind as absent
         self._crds[name] = (time.monotonic(), found)
+        return found
+
+
+    def nodes(self, max_age: float = 30.0) -> list[dict[str, Any]] | None:
+        """The cluster's Nodes, listed at most every `max_age` seconds; None when the
+        operator may not list them (a namespaced install without cluster reads) or the
+        list fails: the planner then skips its host-memory check and says so."""
+        if self._nodes and time.monotonic() - self._nodes[0] < max_age:
+            return self._nodes[1]
+        try:
+            found: list[dict[str, Any]] | None = self.list("v1", "Node", None)
+        except KubeError as exc:
+            log.info("node list unavailable, host memory not checked: %s", exc)
+            found = None
+        self._nodes = (time.monotonic(), found)
         return found
 
 

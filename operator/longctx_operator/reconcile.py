@@ -15,7 +15,7 @@ from typing import Any
 from longctx_engine import api, contract
 from longctx_engine.compat import pd_compatibility
 from longctx_engine.identity import PodIdentity
-from longctx_engine.planner import plan as plan_capacity
+from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
 from longctx_engine.rules import RecipeError
 from longctx_engine.schema import SpecError
@@ -71,6 +71,14 @@ def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str
                           + "; ".join(mismatches))
 
 
+def _node_memory(kube: Kube) -> list[NodeMemory] | None:
+    """The nodes' allocatable memory for the planner; None when they cannot be listed."""
+    nodes = kube.nodes()
+    if nodes is None:
+        return None
+    return [n for n in map(NodeMemory.from_manifest, nodes) if n is not None]
+
+
 def reconcile(kube: Kube, cr: dict[str, Any]) -> Outcome:
     started = time.monotonic()
     outcome = Outcome()
@@ -95,10 +103,10 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     spec: api.LongContextDeploymentSpec | None = None
     try:
         spec = api.load_spec(cr.get("spec"))
-        capacity = plan_capacity(spec)
+        capacity = plan_capacity(spec, _node_memory(kube))
         plan_json = capacity.to_json()
         if not capacity.fits:
-            refusal = Refusal("CapacityPlanned", "InsufficientKVCapacity", capacity.refusal or "")
+            refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
             plan = serving_plan(spec, name)
             check_pair(plan.prefill, plan.decode, name, namespace)

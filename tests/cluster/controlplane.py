@@ -82,6 +82,18 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
+def _terminate(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -162,7 +174,8 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, user: s
 
 
 def h200_node(name: str) -> dict[str, Any]:
-    """A kwok-managed node shaped like an 8x H200 server (2 x 56-core CPUs, 2 TiB RAM)."""
+    """A kwok-managed node shaped like an 8x H200 server (2 x 56-core CPUs, 2 TiB RAM),
+    labelled as GPU feature discovery labels one (product, count, memory in MiB)."""
     resources = {"cpu": "224", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "8",
                  "ephemeral-storage": "30Ti", "rdma/ib": "8"}
     return {
@@ -172,7 +185,7 @@ def h200_node(name: str) -> dict[str, Any]:
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
             "labels": {"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                        "kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H200",
-                       "nvidia.com/gpu.count": "8"},
+                       "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "143771"},
         },
         "spec": {},
         "status": {"capacity": resources, "allocatable": resources,
@@ -243,7 +256,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         binary = self.bin_dir / name if name in BINARIES else Path(name)
-        logf = open(self.workdir / f"{name}.log", "wb")
+        logf = open(self.workdir / f"{name}.log", "ab")   # a restarted process appends
         proc = subprocess.Popen([str(binary), *args], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent)
@@ -287,7 +300,7 @@ class ControlPlane:
     def _start_apiserver(self, pki: Path) -> None:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        self._spawn("kube-apiserver", [
+        self._apiserver_args = [
             f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1", f"--secure-port={port}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -300,7 +313,18 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
             # The "kubernetes" Service would point at 127.0.0.1, which the reconciler refuses.
             "--endpoint-reconciler-type=none",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1"])
+            f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1"]
+        self._spawn("kube-apiserver", self._apiserver_args)
+        self._wait_apiserver(pki)
+        self.kubeconfig = self.workdir / "kubeconfig"
+        write_kubeconfig(self.kubeconfig, self.server, pki / "ca.crt", self.admin_token, "admin")
+
+        def default_namespace() -> bool:
+            return self.kubectl("get", "namespace", "default", check=False).returncode == 0
+
+        self._wait("kube-apiserver", default_namespace, 30)
+
+    def _wait_apiserver(self, pki: Path) -> None:
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
 
         def ready() -> bool:
@@ -309,13 +333,22 @@ class ControlPlane:
             return urllib.request.urlopen(req, context=ctx, timeout=2).status == 200
 
         self._wait("kube-apiserver", ready, 90)
-        self.kubeconfig = self.workdir / "kubeconfig"
-        write_kubeconfig(self.kubeconfig, self.server, pki / "ca.crt", self.admin_token, "admin")
 
-        def default_namespace() -> bool:
-            return self.kubectl("get", "namespace", "default", check=False).returncode == 0
+    def restart_apiserver(self, down_seconds: float = 0.0) -> None:
+        """Stops kube-apiserver (etcd keeps the state), waits, starts it again on the same
+        address and returns once it is ready: clients see their watches end and their
+        requests refused meanwhile."""
+        _terminate(self.processes["kube-apiserver"], 30)
+        time.sleep(down_seconds)
+        self._spawn("kube-apiserver", self._apiserver_args)
+        self._wait_apiserver(self.workdir / "pki")
 
-        self._wait("kube-apiserver", default_namespace, 30)
+    def pause_etcd(self) -> None:
+        """SIGSTOP: etcd stops answering (a stalled disk or a partitioned member)."""
+        self.processes["etcd"].send_signal(signal.SIGSTOP)
+
+    def resume_etcd(self) -> None:
+        self.processes["etcd"].send_signal(signal.SIGCONT)
 
     def _start_controllers(self, pki: Path) -> None:
         kc = str(self.kubeconfig)
@@ -383,14 +416,7 @@ class ControlPlane:
     def stop(self) -> None:
         # Reverse start order: kwok, scheduler, controller-manager, apiserver, etcd.
         for name in reversed(list(self.processes)):
-            proc = self.processes[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            _terminate(self.processes[name], 10)
         self.processes.clear()
         if getattr(self, "_own_workdir", False) and self.workdir and not os.environ.get(
                 "LONGCTX_KEEP_CLUSTER_DIR"):

@@ -34,7 +34,9 @@ NAMESPACED = {
     ("inference.networking.x-k8s.io", "inferenceobjectives"): ("get", "list", "watch"),
     ("inference.networking.x-k8s.io", "inferencemodelrewrites"): ("get", "list", "watch"),
 }
-CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): ("get", "list", "watch")}
+# Cluster-scoped reads: Kopf's CRD scan and the PodMonitor CRD check; the planner's node list.
+CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): ("get", "list", "watch"),
+             ("", "nodes"): ("get", "list")}
 
 
 def expand(table: dict) -> set[tuple[str, str, str]]:
@@ -206,7 +208,7 @@ def test_namespaced_mode_grants_the_same_verbs_in_one_namespace(render):
     assert grants(role["rules"]) == expand(NAMESPACED)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "longctx",
                                     "namespace": "longctx-system"}]
-    # The only cluster-scoped grants: read-only CRD and namespace scans.
+    # The only cluster-scoped grants: read-only CRD, node and namespace scans.
     (cluster_role,) = objs["ClusterRole"]
     assert grants(cluster_role["rules"]) == expand(CRD_READS) | {
         ("", "namespaces", "list"), ("", "namespaces", "watch")}
@@ -227,8 +229,9 @@ def test_no_wildcards_and_no_escalation_verbs(render):
                 assert "*" not in (group, resource, verb), role["metadata"]["name"]
                 assert verb not in ("escalate", "bind", "impersonate", "update",
                                     "deletecollection"), (resource, verb)
-                assert resource not in ("secrets", "nodes", "clusterroles",
+                assert resource not in ("secrets", "clusterroles",
                                         "clusterrolebindings"), resource
+                assert resource != "nodes" or verb in ("get", "list"), (resource, verb)
                 if verb in ("create", "patch", "delete"):  # writes: only what it owns
                     assert resource not in ("pods", "longcontextdeployments",
                                             "customresourcedefinitions", "namespaces"), resource
@@ -247,7 +250,9 @@ def _operator_facts() -> dict:
             "print(json.dumps({'picker_rules': picker_rules(),\n"
             "    'managed': [(k.api_version, k.kind) for k in MANAGED_KINDS],\n"
             "    'plurals': {k.kind: k.plural for k in KINDS},\n"
-            "    'children': [(k.group, k.version, k.plural) for k in WATCHED_KINDS]}))\n")
+            "    'children': [(k.group, k.version, k.plural) for k in WATCHED_KINDS],\n"
+            "    'cluster_reads': [(k.group, k.plural, k.access) for k in KINDS\n"
+            "                      if k.cluster_scoped]}))\n")
     repo = CHART.parents[1]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(
         str(repo / p) for p in ("engine", "operator", "kernels", "."))}
@@ -270,6 +275,9 @@ def test_rbac_covers_what_the_operator_code_uses(render):
             assert (group, PLURALS[kind], verb) in granted, (kind, verb)
     for group, _version, plural in CHILD_RESOURCES:  # Kopf's watches
         for verb in ("list", "watch"):
+            assert (group, plural, verb) in granted, (plural, verb)
+    for group, plural, verbs in facts["cluster_reads"]:   # CRDs, Nodes
+        for verb in verbs:
             assert (group, plural, verb) in granted, (plural, verb)
     # RBAC forbids granting what one does not hold: the picker Role the operator creates.
     assert grants(picker_rules) <= granted, grants(picker_rules) - granted
