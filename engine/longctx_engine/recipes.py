@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 from . import contract
 from .api import LongContextDeploymentSpec
+from .faults import fault_settings
 from .identity import PodIdentity
 from .quantity import GiB
 
@@ -56,11 +57,16 @@ def _gib_number(n: int) -> int | float:
 def kv_transfer_config(plan: "RolePlan") -> dict:
     """The --kv-transfer-config object: NIXL first (a remote-prefill pull beats a partial CPU
     hit), then HiSparse (decode), then CPU offload. No engine_id anywhere (MultiConnector
-    passes its own to each child)."""
+    passes its own to each child). The NIXL lease and decode's policy for a failed KV load
+    come from the plan (faults.py)."""
     spec, role = plan.spec, plan.role
+    faults = fault_settings(spec)
     nixl_role = "kv_producer" if role == "prefill" else "kv_consumer"
     nixl = {"kv_connector": "NixlConnector", "kv_role": nixl_role,
-            "kv_connector_extra_config": {"backends": [spec.kvTransfer.backend]}}
+            "kv_connector_extra_config": {"backends": [spec.kvTransfer.backend],
+                                          "kv_lease_duration": faults.kv_lease_seconds}}
+    policy = {"kv_load_failure_policy": faults.kv_load_failure_policy} if role == "decode" \
+        else {}
     children = [nixl]
     if plan.hisparse:
         children.append({"kv_connector": "HiSparseConnector", "kv_role": "kv_consumer",
@@ -71,8 +77,8 @@ def kv_transfer_config(plan: "RolePlan") -> dict:
         children.append({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                          "kv_connector_extra_config": {"cpu_bytes_to_use": offload}})
     if len(children) == 1:
-        return nixl
-    return {"kv_connector": "MultiConnector", "kv_role": nixl_role,
+        return {**nixl, **policy}
+    return {"kv_connector": "MultiConnector", "kv_role": nixl_role, **policy,
             "kv_connector_extra_config": {"connectors": children}}
 
 

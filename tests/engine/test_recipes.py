@@ -25,7 +25,8 @@ TARGET_PREFILL = (
     "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
     "--kv-transfer-config '{\"kv_connector\":\"MultiConnector\",\"kv_role\":\"kv_producer\","
     "\"kv_connector_extra_config\":{\"connectors\":[{\"kv_connector\":\"NixlConnector\","
-    "\"kv_role\":\"kv_producer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"]}},"
+    "\"kv_role\":\"kv_producer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"],"
+    "\"kv_lease_duration\":30}},"
     "{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\","
     "\"kv_connector_extra_config\":{\"cpu_bytes_to_use\":549755813888}}]}}'")
 
@@ -36,8 +37,9 @@ TARGET_DECODE = (
     "--enable-expert-parallel --kv-cache-dtype fp8_ds_mla --max-model-len 1048576 "
     "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
     "--kv-transfer-config '{\"kv_connector\":\"MultiConnector\",\"kv_role\":\"kv_consumer\","
-    "\"kv_connector_extra_config\":{\"connectors\":[{\"kv_connector\":\"NixlConnector\","
-    "\"kv_role\":\"kv_consumer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"]}},"
+    "\"kv_load_failure_policy\":\"fail\",\"kv_connector_extra_config\":{\"connectors\":[{\"kv_connector\":\"NixlConnector\","
+    "\"kv_role\":\"kv_consumer\",\"kv_connector_extra_config\":{\"backends\":[\"UCX\"],"
+    "\"kv_lease_duration\":30}},"
     "{\"kv_connector\":\"HiSparseConnector\",\"kv_role\":\"kv_consumer\","
     "\"kv_connector_extra_config\":{\"host_pool_gib\":48}},"
     "{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\","

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from longctx_engine import api, contract
+from longctx_engine.faults import fault_settings
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -51,7 +52,6 @@ DEPRECATED_PLUGIN_TYPES = frozenset({
 })
 DECIDER_TYPES = {"always": "always-disagg-pd-decider", "prefix-based": "prefix-based-pd-decider"}
 
-HTTP_ROUTE_REQUEST_TIMEOUT = "1800s"  # a 1M-token prefill plus a long streamed answer
 
 
 # ---------------------------------------------------------------- ports
@@ -313,7 +313,8 @@ def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                 "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
                                  "name": contract.inference_pool(cr_name)}],
-                "timeouts": {"request": HTTP_ROUTE_REQUEST_TIMEOUT},
+                # A max-context prefill, its transfer and the answer (faults.py).
+                "timeouts": {"request": f"{fault_settings(spec).request_timeout_seconds}s"},
             }],
         },
     }
