@@ -225,7 +225,7 @@ def _role_rules() -> tuple[Rule, ...]:
              "dataParallel ({self.dataParallel}) must be a multiple of the ranks one pod "
              "holds (gpusPerPod / (tensorParallel x pipelineParallel x "
              "contextParallel.prefill)), so that every GPU of every pod serves"),
-        Rule(f"!{_DIVIDES} || self.dataParallel < {_RANKS_PER_POD} || "
+        Rule(f"!has(self.replicas) || !{_DIVIDES} || self.dataParallel < {_RANKS_PER_POD} || "
              f"self.replicas % (self.dataParallel / {_RANKS_PER_POD}) == 0",
              "replicas ({self.replicas}) must be a multiple of the pods of one data-parallel "
              "group (dataParallel {self.dataParallel} / the ranks one pod holds)"),
@@ -254,7 +254,9 @@ class HiSparse(APIObject):
 
 
 _COMMON_ROLE_DOCS = {
-    "replicas": "Pods (one per node). Each pod takes gpusPerPod GPUs.",
+    "replicas": "Pods (one per node). Each pod takes gpusPerPod GPUs. Used only while "
+                "spec.replicas is unset (default: one unit's share, "
+                "spec.scaling.<role>PerUnit); leave it unset to scale in P/D units.",
     "gpusPerPod": "GPUs per pod (nvidia.com/gpu).",
 }
 
@@ -264,7 +266,8 @@ class Prefill(APIObject):
     """The prefill role: long prompts, KV produced for decode over NIXL."""
 
     CEL = _role_rules()
-    replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
+    replicas: Optional[int] = api_field(_COMMON_ROLE_DOCS["replicas"], None, minimum=0,
+                                        maximum=64)
     gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
     tensorParallel: int = api_field("Tensor parallelism. Must be 1 with context parallelism.", 1,
                                     minimum=1, rules=(Rule("self == 1", "tensorParallel is "
@@ -298,7 +301,8 @@ class Decode(APIObject):
              "HiSparse cannot run with pipeline parallelism ({self.pipelineParallel}): set "
              "pipelineParallel to 1 or hiSparse.enabled to false"),
     )
-    replicas: int = api_field(_COMMON_ROLE_DOCS["replicas"], 1, minimum=0, maximum=64)
+    replicas: Optional[int] = api_field(_COMMON_ROLE_DOCS["replicas"], None, minimum=0,
+                                        maximum=64)
     gpusPerPod: int = api_field(_COMMON_ROLE_DOCS["gpusPerPod"], 8, minimum=1, maximum=64)
     tensorParallel: int = api_field("Tensor parallelism per data-parallel rank.", 1, minimum=1)
     pipelineParallel: int = api_field("Pipeline parallelism.", 1, minimum=1, maximum=8)
@@ -392,6 +396,62 @@ class Placement(APIObject):
     nodeSelector: dict[str, str] = api_field("Extra node labels to require.", {})
     tolerations: list[Preserved] = api_field("Tolerations (core/v1 Toleration).", [])
     priorityClassName: Optional[str] = api_field("Pod priority class.", None)
+    topologyKey: Optional[str] = api_field(
+        "A node label naming a domain (a rack, an NVLink domain). Each decode pod is placed "
+        "in the domain of its unit's prefill pod (the same pod index when prefillPerUnit "
+        "equals decodePerUnit, else any prefill pod of this deployment), because a "
+        "max-context request moves tens of GiB of KV from prefill to decode. The "
+        "TopologySatisfiable condition says when no domain of the cluster's nodes can hold "
+        "a unit.", None, max_length=317)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scaling(APIObject):
+    """The P/D unit spec.replicas counts: the ratio of prefill to decode pods it keeps."""
+
+    CEL = (Rule("self.prefillPerUnit >= 1 && self.decodePerUnit >= 1",
+                "prefillPerUnit is {self.prefillPerUnit} and decodePerUnit is "
+                "{self.decodePerUnit}; both must be at least 1: a unit needs a prefill and a "
+                "decode pod to serve a request"),)
+    prefillPerUnit: int = api_field("Prefill pods per unit.", 1, maximum=64)
+    decodePerUnit: int = api_field("Decode pods per unit.", 1, maximum=64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingMetrics(APIObject):
+    """The signals the autoscaler keeps at their targets; the units follow the one that
+    needs the most."""
+
+    CEL = (Rule("self.decodeCapacityPercent > 0 || has(self.waitingRequestsPerUnit)",
+                "decodeCapacityPercent is 0 and waitingRequestsPerUnit is unset: the "
+                "autoscaler has no signal; set decodeCapacityPercent above 0 or "
+                "waitingRequestsPerUnit"),)
+    decodeCapacityPercent: int = api_field(
+        "Share of the decode role's max-context request slots (the HiSparse host pool and "
+        "the GPU hot buffer, from the capacity plan) that demand may fill before a unit is "
+        "added. 0 turns this signal off.", 80, minimum=0, maximum=100)
+    waitingRequestsPerUnit: Optional[int] = api_field(
+        "Requests waiting in the engines' queues (prefill and decode) per unit before a "
+        "unit is added (vLLM's vllm:num_requests_waiting).", None, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Autoscaling(APIObject):
+    """An autoscaler on the CR's /scale: a KEDA ScaledObject when KEDA's CRD is installed,
+    else an autoscaling/v2 HorizontalPodAutoscaler on External metrics."""
+
+    CEL = (Rule("self.minUnits <= self.maxUnits",
+                "minUnits ({self.minUnits}) is more than maxUnits ({self.maxUnits}); raise "
+                "maxUnits or lower minUnits"),)
+    minUnits: int = api_field("Fewest units.", 1, minimum=1, maximum=64)
+    maxUnits: int = api_field("Most units.", minimum=1, maximum=64)
+    metrics: AutoscalingMetrics = api_field("What the units follow.", AutoscalingMetrics())
+    scaleDownStabilizationSeconds: int = api_field(
+        "How long the autoscaler waits on lower demand before it removes a unit (a removed "
+        "unit drains its in-flight long requests first).", 300, minimum=0, maximum=3600)
+    prometheusAddress: str = api_field(
+        "Prometheus that KEDA queries for the signals (recorded by the deployment's "
+        "PrometheusRule).", "http://prometheus-operated.monitoring.svc:9090", max_length=512)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,6 +516,24 @@ class LongContextDeploymentSpec(APIObject):
              "{self.prefill.gpusPerPod} and decode.gpusPerPod {self.decode.gpusPerPod}, lower "
              "gpusPerPod or raise tensorParallel so that a pod holds at most "
              f"{MAX_POOL_TARGET_PORTS} ranks"),
+        *(Rule(f"(has(self.{role}.replicas) && !has(self.replicas)) || "
+               f"!{_DIVIDES.replace('self.', f'self.{role}.')} || "
+               f"self.{role}.dataParallel < {_RANKS_PER_POD.replace('self.', f'self.{role}.')} || "
+               f"self.scaling.{role}PerUnit % (self.{role}.dataParallel / "
+               f"{_RANKS_PER_POD.replace('self.', f'self.{role}.')}) == 0",
+               f"scaling.{role}PerUnit ({{self.scaling.{role}PerUnit}}) must be a multiple of "
+               f"the pods of one {role} data-parallel group ({role}.dataParallel "
+               f"{{self.{role}.dataParallel}} / the ranks one pod holds), so that every unit "
+               "holds whole engines") for role in ("prefill", "decode")),
+        Rule("!has(self.autoscaling) || (!has(self.prefill.replicas) && "
+             "!has(self.decode.replicas))",
+             "autoscaling is set beside explicit prefill.replicas or decode.replicas: the "
+             "autoscaler scales spec.replicas in P/D units (scaling.prefillPerUnit and "
+             "decodePerUnit pods each); remove prefill.replicas and decode.replicas"),
+        Rule("!has(self.autoscaling) || has(self.replicas)",
+             "autoscaling is set but replicas is not: the autoscaler reads and writes "
+             "spec.replicas (P/D units) through /scale and does nothing while it is unset; "
+             "set replicas to the units to start with, e.g. {self.autoscaling.minUnits}"),
     )
 
     model: Model = api_field("The model.")
@@ -469,6 +547,13 @@ class LongContextDeploymentSpec(APIObject):
     kvTransfer: KVTransfer = api_field("NIXL KV transfer.", KVTransfer())
     placement: Placement = api_field("Placement of engine pods.", Placement())
     monitoring: Monitoring = api_field("Monitoring.", Monitoring())
+    replicas: Optional[int] = api_field(
+        "P/D units (the CR's /scale: `kubectl scale`, an HPA or KEDA write it). Each unit is "
+        "scaling.prefillPerUnit prefill and scaling.decodePerUnit decode pods; while it is "
+        "set, prefill.replicas and decode.replicas are ignored.", None, minimum=0, maximum=64)
+    scaling: Scaling = api_field("The prefill:decode ratio of a unit.", Scaling())
+    autoscaling: Optional[Autoscaling] = api_field(
+        "Scale spec.replicas on the decode capacity signal and the waiting requests.", None)
     capacity: Capacity = api_field("Capacity planner inputs.", Capacity())
 
 

@@ -74,6 +74,8 @@ ROLE_LABEL = "llm-d.ai/role"
 SERVING_LABEL = "llm-d.ai/inference-serving"
 # Serving pods' NIXL pairing key (compat.pairing_key); the InferencePool selects on it.
 PAIRING_LABEL = "longctx.dev/pairing"
+# The StatefulSet controller's label of a pod's ordinal.
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ENGINE_CONFIG_ANNOTATION = "longctx.dev/engine-config"
 PICKER_CONFIG_ANNOTATION = "longctx.dev/picker-config-sha256"
 # The ports a pod serves; the picker makes endpoints only for these. The legacy key is
@@ -164,6 +166,16 @@ def pod_monitor(cr_name: str) -> str:
     return cr_name
 
 
+def capacity_rule(cr_name: str) -> str:
+    """The PrometheusRule recording the decode capacity signal."""
+    return f"{cr_name}-capacity"
+
+
+def autoscaler(cr_name: str) -> str:
+    """The HorizontalPodAutoscaler or KEDA ScaledObject on the CR's /scale."""
+    return cr_name
+
+
 # ---------------------------------------------------------------- kinds
 
 
@@ -220,6 +232,11 @@ KINDS = (
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", managed=True),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors", managed=True,
          crd="podmonitors.monitoring.coreos.com"),
+    Kind("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", managed=True,
+         crd="prometheusrules.monitoring.coreos.com"),
+    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", managed=True),
+    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", managed=True,
+         crd="scaledobjects.keda.sh"),
     Kind("v1", "Pod", "pods", watched=True),
     Kind("v1", "Event", "events", verbs=("create",)),
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),

@@ -27,6 +27,7 @@ from typing import Optional
 
 from . import contract
 from .api import LongContextDeploymentSpec
+from .scaling import role_replicas
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Layout:
 
 def role_layout(spec: LongContextDeploymentSpec, role: str) -> Layout:
     r = getattr(spec, role)
-    return Layout(role, r.replicas, r.gpusPerPod, r.tensorParallel, r.pipelineParallel,
+    return Layout(role, role_replicas(spec, role), r.gpusPerPod, r.tensorParallel, r.pipelineParallel,
                   r.contextParallel.prefill, r.contextParallel.decode, r.dataParallel,
                   r.expertParallel)
 

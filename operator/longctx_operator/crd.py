@@ -21,7 +21,7 @@ _CONDITION = {
     "required": ["type", "status"],
     "properties": {
         "type": {"type": "string", "description": "CapacityPlanned, Accepted, PrefillReady, DecodeReady, "
-                 "RouterReady, Ready, Progressing or Degraded."},
+                 "RouterReady, Ready, Progressing, Degraded or TopologySatisfiable."},
         "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
         "reason": {"type": "string", "description": "One CamelCase word."},
         "message": {"type": "string", "description": "What is wrong and what to change."},
@@ -58,8 +58,18 @@ STATUS_SCHEMA: dict[str, Any] = {
         "decode": _ROLE_STATUS,
         "maxContextTokens": {"type": "integer", "description": "The context the plan proved."},
         "endpoint": {"type": "string", "description": "Where clients send requests."},
+        "replicas": {"type": "integer", "format": "int32",
+                     "description": "P/D units whose pods exist (the /scale status)."},
+        "selector": {"type": "string",
+                     "description": "Label selector of the serving pods (the /scale status)."},
     },
 }
+
+# /scale counts P/D units (longctx_engine.scaling): `kubectl scale`, HPAs and KEDA write
+# spec.replicas and read the units running and the pods' selector from the status.
+SCALE_SUBRESOURCE = {"specReplicasPath": ".spec.replicas",
+                     "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
 
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
@@ -104,7 +114,7 @@ def build_crd() -> dict[str, Any]:
                 "name": api.VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": root},
             }],

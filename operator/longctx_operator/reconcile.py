@@ -18,7 +18,10 @@ from longctx_engine.identity import PodIdentity
 from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
 from longctx_engine.rules import RecipeError
+from longctx_engine.layout import role_layout
+from longctx_engine.scaling import scale_status
 from longctx_engine.schema import SpecError
+from longctx_engine.topology import topology_plan
 
 from . import metrics
 from .builders.router import picker_status
@@ -28,6 +31,8 @@ from .status import Observed, Refusal, compute_status, status_changed
 
 log = logging.getLogger(__name__)
 POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
+RULE_CRD = contract.KIND_BY_NAME["PrometheusRule"].crd
+KEDA_CRD = contract.KIND_BY_NAME["ScaledObject"].crd
 
 
 @dataclass
@@ -71,9 +76,10 @@ def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str
                           + "; ".join(mismatches))
 
 
-def _node_memory(kube: Kube) -> list[NodeMemory] | None:
-    """The nodes' allocatable memory for the planner; None when they cannot be listed."""
-    nodes = kube.nodes()
+def _node_memory(kube: Kube, fresh: bool = False) -> list[NodeMemory] | None:
+    """The nodes' allocatable memory and labels for the planner; None when they cannot be
+    listed. `fresh`: listed now (a topology domain is judged by labels just applied)."""
+    nodes = kube.nodes(max_age=0) if fresh else kube.nodes()
     if nodes is None:
         return None
     return [n for n in map(NodeMemory.from_manifest, nodes) if n is not None]
@@ -103,8 +109,12 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     spec: api.LongContextDeploymentSpec | None = None
     try:
         spec = api.load_spec(cr.get("spec"))
-        capacity = plan_capacity(spec, _node_memory(kube))
+        nodes = _node_memory(kube, fresh=spec.placement.topologyKey is not None)
+        capacity = plan_capacity(spec, nodes)
         plan_json = capacity.to_json()
+        topology = topology_plan(spec, nodes)
+        if topology is not None:
+            plan_json["topology"] = topology.to_json()
         if not capacity.fits:
             refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
@@ -123,10 +133,11 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         desired_replicas = {role: (observed.statefulsets.get(role) or {}).get("spec", {}).get(
             "replicas", 0) for role in contract.ROLES}
     else:
-        desired_replicas = {role: getattr(spec, role).replicas for role in contract.ROLES}
+        desired_replicas = {role: role_layout(spec, role).replicas for role in contract.ROLES}
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
                             endpoint=_endpoint(name, namespace, spec), previous=previous)
+    status.update(scale_status(name, spec, observed.pods))
     outcome.phase = status["phase"]
     if status_changed(previous, status):
         kube.patch_status(contract.API_VERSION, contract.KIND, namespace, name, status)
@@ -138,7 +149,10 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: 
                     previous: dict[str, Any]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
-    desired = desired_objects(cr, plan, with_pod_monitor=with_monitor)
+    desired = desired_objects(
+        cr, plan, with_pod_monitor=with_monitor,
+        with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
+        with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
     for obj in desired:
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
@@ -156,6 +170,8 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: 
         outcome.events.append(("Normal", reason, f"{label} {verb}"))
     wanted = {_key(o) for o in desired}
     for kind in contract.MANAGED_KINDS:
+        if kind.crd and not kube.crd_exists(kind.crd):
+            continue   # nothing of a kind whose CRD is absent can exist
         for live in kube.list(kind.api_version, kind.kind, meta["namespace"],
                               contract.selector_labels(meta["name"])):
             owners = live["metadata"].get("ownerReferences", [])

@@ -114,6 +114,12 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
     if observed.router is not None:
         ok, reason, message = observed.router
         conditions.append(_condition("RouterReady", ok, reason, message))
+    topology = (plan or {}).get("topology", {})
+    if "satisfiable" in topology:
+        conditions.append(_condition(
+            "TopologySatisfiable", topology["satisfiable"],
+            "DomainFits" if topology["satisfiable"] else "NoDomainFits",
+            topology.get("problem") or f"a {topology['topologyKey']} domain holds a unit"))
     crashes = [c for c in role_conditions if c["reason"] == "CrashLoop"]
     degraded = bool(crashes)
     conditions.append(_condition("Degraded", degraded, "CrashLoop" if degraded else "NoCrashes",

@@ -357,6 +357,8 @@ class ControlPlane:
                 "--bind-address=127.0.0.1"]
         self._spawn("kube-controller-manager", [
             *auth, f"--secure-port={free_port()}", "--controllers=*",
+            # HPAs (tests/cluster/test_scaling.py) act within a second, not 15.
+            "--horizontal-pod-autoscaler-sync-period=1s",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}", "--use-service-account-credentials=false",
             "--concurrent-gc-syncs=20", "--v=1"])

@@ -35,6 +35,8 @@ def test_crd_shape():
     crd = yaml.safe_load(render_crd_yaml())
     version = crd["spec"]["versions"][0]
     assert crd["spec"]["names"]["shortNames"] == ["lcd"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:4] == ["Ready", "Prefill", "Decode", "Max-Context"] and columns[-1] == "Age"

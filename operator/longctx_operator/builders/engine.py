@@ -131,11 +131,22 @@ def _volumes(cr_name: str, role: RolePlan) -> tuple[list[dict[str, Any]], list[d
     return volumes, mounts
 
 
-def _affinity(role: RolePlan) -> dict[str, Any]:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+def _affinity(cr_name: str, role: RolePlan) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{
             "key": "nvidia.com/gpu.product", "operator": "In",
             "values": [role.spec.placement.gpuProduct]}]}]}}}
+    key, scaling = role.spec.placement.topologyKey, role.spec.scaling
+    if key and role.role == "decode":
+        # A decode pod joins the domain of a prefill pod of its revision; with as many
+        # prefill as decode pods per unit, pod i of both roles is in unit i / perUnit, so
+        # the pod index pairs them.
+        same_unit = [contract.PAIRING_LABEL] + (
+            [contract.POD_INDEX_LABEL] if scaling.prefillPerUnit == scaling.decodePerUnit else [])
+        out["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": contract.selector_labels(cr_name, "prefill")},
+            "matchLabelKeys": same_unit, "topologyKey": key}]}
+    return out
 
 
 def config_digest(configmap: dict[str, Any]) -> str:
@@ -163,7 +174,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan, digest: str) -> dict[str, An
     pod_spec: dict[str, Any] = {
         "containers": [engine],
         "volumes": volumes,
-        "affinity": _affinity(role),
+        "affinity": _affinity(cr_name, role),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "automountServiceAccountToken": False,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -216,5 +227,8 @@ def pod_monitor(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
         "metadata": _meta(cr, contract.pod_monitor(cr_name), contract.MONITORING_COMPONENT),
         "spec": {"selector": {"matchLabels": contract.serving_selector(cr_name)},
+                 # The capacity rules (builders/autoscaling.py) select a CR's decode ranks
+                 # by these labels.
+                 "podTargetLabels": [contract.INSTANCE_LABEL, contract.COMPONENT_LABEL],
                  "podMetricsEndpoints": [{"port": n, "path": "/metrics"} for n in names]},
     }
