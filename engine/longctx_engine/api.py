@@ -47,9 +47,21 @@ MAX_IMAGE_LENGTH = 512
 
 def image_rule(field: str, example: str) -> Rule:
     return Rule(f"self.matches('{IMAGE_PATTERN}')",
-                f"{field} {{self}} is not an image reference "
+                f"{field} is not an image reference "
                 "(registry/repository[:tag][@sha256:digest], lowercase repository, no spaces); "
                 f"write it like {example}")
+
+
+# A --model or --served-model-name value: one argv word that vLLM cannot read as a flag
+# (no leading '-', no spaces or control characters).
+ARGV_NAME_PATTERN = "^[A-Za-z0-9_./~][-A-Za-z0-9_./:@+~=]*$"
+
+
+def argv_name_rule(field: str, flag: str) -> Rule:
+    return Rule(f"self.matches('{ARGV_NAME_PATTERN}')",
+                f"{field} is not one {flag} word: write a Hugging Face repo id "
+                "(org/name) or a path, without spaces, control characters or a leading '-' "
+                "(vLLM would read it as a flag)")
 
 
 def power_of_two(field: str) -> Rule:
@@ -128,11 +140,12 @@ class Model(APIObject):
                 "spec.model.architecture"),)
     name: str = api_field(
         "The --model string (repo id or path). Prefill and decode use it verbatim.",
-        max_length=253,
+        max_length=253, rules=(argv_name_rule("name", "--model"),),
         immutable="the NIXL handshake hashes it; a change would pair prefill and decode pods "
                   "serving different models. Create a new LongContextDeployment instead.")
-    servedName: Optional[str] = api_field("Name clients use (--served-model-name).", None,
-                                          max_length=253)
+    servedName: Optional[str] = api_field(
+        "Name clients use (--served-model-name).", None, max_length=253,
+        rules=(argv_name_rule("servedName", "--served-model-name"),))
     preset: Optional[str] = api_field("A known architecture.", None, enum=PRESET_NAMES)
     architecture: Optional[Architecture] = api_field("Explicit architecture numbers.", None)
     source: ModelSource = api_field("Where the weights come from.")
@@ -392,10 +405,10 @@ class Placement(APIObject):
     """Where engine pods run."""
 
     gpuProduct: str = api_field("Required value of the node label nvidia.com/gpu.product.",
-                                "NVIDIA-H200")
+                                "NVIDIA-H200", max_length=63)  # a label value
     nodeSelector: dict[str, str] = api_field("Extra node labels to require.", {})
     tolerations: list[Preserved] = api_field("Tolerations (core/v1 Toleration).", [])
-    priorityClassName: Optional[str] = api_field("Pod priority class.", None)
+    priorityClassName: Optional[str] = api_field("Pod priority class.", None, max_length=253)
     topologyKey: Optional[str] = api_field(
         "A node label naming a domain (a rack, an NVLink domain). Each decode pod is placed "
         "in the domain of its unit's prefill pod (the same pod index when prefillPerUnit "

@@ -71,6 +71,13 @@ _ALIASES = {
 }
 
 _DISABLE_HMA = {"disable-hybrid-kv-cache-manager", "no-enable-hybrid-kv-cache-manager"}
+# Flags vLLM 0.33 accumulates when repeated (argparse "append"); any other flag given twice
+# keeps only its last value, silently. A contract test compares this with vLLM's parser.
+REPEATABLE_FLAGS = frozenset({"middleware"})
+# One argv item that is a flag: `--name`, `-n` or `--name=value` (a value may hold anything
+# printable; a name may not hold spaces, or the item is two words in one).
+_FLAG_ITEM = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.-]*(=.*)?$", re.DOTALL)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ def extra_args_problems(spec: LongContextDeploymentSpec, role: str) -> list[str]
     cp = lay.prefillContextParallel > 1 or lay.decodeContextParallel > 1
     mtp = spec.engine.speculative.method == "mtp"
     hisparse = hisparse_enabled(spec, role)
-    problems = []
+    problems = _argv_item_problems(args, role)
     for a in parse_flags(args):
         where = f"spec.engine.extraArgs.{role}[{a.index}] ({a.raw!r})"
         if a.name in ("kv-offloading-size", "kv-offloading-backend"):
@@ -161,4 +168,28 @@ def extra_args_problems(spec: LongContextDeploymentSpec, role: str) -> list[str]
                 f"{where}: cudagraph_mode=FULL is rejected with "
                 f"{'HiSparse' if hisparse else 'prefill context parallelism'}; use "
                 "FULL_AND_PIECEWISE (the default) or FULL_DECODE_ONLY")
+    return problems
+
+
+def _argv_item_problems(args: list[str], role: str) -> list[str]:
+    """Items that are not one argv word each: control characters (a NUL cannot even be
+    passed to exec), a flag and its value written as one item with a space, and a flag
+    given twice (vLLM keeps the last silently)."""
+    problems, seen = [], {}
+    for i, item in enumerate(args):
+        where = f"spec.engine.extraArgs.{role}[{i}] ({item!r})"
+        if _CONTROL.search(item):
+            problems.append(f"{where} contains a control character; each item is one argv "
+                            "word: remove it")
+        elif _is_flag(item) and not _FLAG_ITEM.match(item):
+            problems.append(f"{where} is not one flag: write the flag and its value as two "
+                            "items, or as --flag=value")
+    for a in parse_flags(args):
+        key = a.raw.partition("=")[0].lstrip("-").replace("_", "-")
+        key = ".".join([a.name, *key.split(".")[1:]])
+        if key in seen and a.name not in REPEATABLE_FLAGS:
+            problems.append(f"spec.engine.extraArgs.{role}[{a.index}] ({a.raw!r}) repeats "
+                            f"--{key} of item {seen[key]}; vLLM would keep only the last "
+                            "value: keep one")
+        seen.setdefault(key, a.index)
     return problems

@@ -86,11 +86,42 @@ def problems(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> 
         except ValueError as e:
             out.append(str(e))
         out += extra_args_problems(spec, role)
+    out += toleration_problems(spec)
     if spec.decode.hiSparse.enabled and not _positive(spec.decode.hiSparse.hostPoolPerRank):
         out.append(f"spec.decode.hiSparse.hostPoolPerRank is {spec.decode.hiSparse.hostPoolPerRank}"
                    "; it must be positive with HiSparse (or set spec.decode.hiSparse.enabled "
                    "to false)")
     return list(dict.fromkeys(out))
+
+
+# core/v1 Toleration: its fields and, for the enumerated ones, their values.
+_TOLERATION_FIELDS = {"key": str, "operator": str, "value": str, "effect": str,
+                      "tolerationSeconds": int}
+_TOLERATION_VALUES = {"operator": ("Exists", "Equal"),
+                      "effect": ("", "NoSchedule", "PreferNoSchedule", "NoExecute")}
+
+
+def toleration_problems(spec: LongContextDeploymentSpec) -> list[str]:
+    """spec.placement.tolerations are kept as written (free-form in the CRD) and copied into
+    the pod template, where a bad one would fail the StatefulSet's apply: check them here."""
+    out = []
+    for i, tol in enumerate(spec.placement.tolerations):
+        where = f"spec.placement.tolerations[{i}]"
+        unknown = sorted(set(tol) - set(_TOLERATION_FIELDS))
+        if unknown:
+            out.append(f"{where} has unknown field(s) {', '.join(unknown)}; a toleration has "
+                       f"{', '.join(_TOLERATION_FIELDS)}")
+        for name, kind in _TOLERATION_FIELDS.items():
+            value = tol.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, kind) or isinstance(value, bool):
+                out.append(f"{where}.{name} is {value!r}; it must be a"
+                           f"{'n integer' if kind is int else ' string'}")
+            elif value not in _TOLERATION_VALUES.get(name, (value,)):
+                out.append(f"{where}.{name} is {value!r}; it must be one of "
+                           f"{', '.join(repr(v) for v in _TOLERATION_VALUES[name])}")
+    return out
 
 
 def _positive(quantity: str) -> bool:
