@@ -349,7 +349,6 @@ def sparse_mla_decode_cuda(
 
 WGMMA_HEADS = 64  # heads a CTA of the wgmma kernel
 WGMMA_TILE = 32  # tokens a tile of the wgmma kernel
-WGMMA_THREADS = 384  # two consumer warpgroups and a producer
 
 
 def sparse_mla_decode_wgmma(
@@ -385,7 +384,7 @@ def sparse_mla_decode_wgmma(
     part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
     kernel = load("sparse_mla_wgmma.cu", "sparse_mla_wgmma", q.device.index, arch_suffix="a")
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, head_blocks), WGMMA_THREADS, [
+    kernel.launch((num_splits, batch, head_blocks), 256, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
         (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)

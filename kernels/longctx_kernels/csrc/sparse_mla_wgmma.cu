@@ -5,24 +5,23 @@
 // [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). With several slices of
 // the top-k list, each slice writes a partial [slice, B, H, 512] and lse for lse_merge.
 //
-// CTA = (slice of the top-k list, request, block of 64 heads), three warpgroups: two consumers
-// doing the math and one producer feeding them, so that the row copies and the fp8 -> bf16
-// conversion run beside the MMAs rather than between them. setmaxnreg gives the producer 88
-// registers a thread and the consumers 208 (their O alone takes 128).
-//   producer: each thread copies its 16-B chunks of the tile three tiles ahead by cp.async into a
-//     raw ring (a missing row is zero-filled, read from nowhere) and converts its chunks of the
-//     landed tile into one of two bf16 tiles in wgmma's 128-byte-swizzled K-major layout, 576
-//     dims a token: the e4m3 latent *unscaled* (exact), the rope as is, the four group scales
-//     and a valid flag beside it. The same thread copies and converts a chunk, so its own
-//     cp.async wait is the only one needed. Named barriers hand a bf16 tile over (full) and back
-//     (empty);
-//   consumers: S = q k^T [64 heads x 32 tokens] by wgmma from shared memory (q staged once):
-//     warpgroup w takes latent groups 2 w and 2 w + 1 and half of the rope, one fp32 accumulator
-//     a group, scaled by that group's per-token scale in fp32 (scaled bf16 k would round the
-//     scores and miss the reference lse); the halves meet in shared memory and both warpgroups
-//     add them in the same order, so they hold the same S; the online softmax in registers; then
-//     O over the warpgroup's two latent groups (256 output columns, 128 fp32 registers a thread)
-//     += (P s_g) k8_g, P s_g as the register A operand and the same bf16 tile, read MN-major, as B.
+// CTA = (slice of the top-k list, request, block of 64 heads), two warpgroups of 128 threads that
+// share every step (a third, producer warpgroup for the copies and the conversion, setmaxnreg
+// 88/208, was correct but 19% slower; docs/benchmarks.md):
+//   rows: each thread copies its 16-B chunks of the tile three tiles ahead by cp.async into a raw
+//     ring (a missing row is zero-filled, read from nowhere), and, while the tile's S products
+//     run, converts its chunks of the next tile into a bf16 tile in wgmma's 128-byte-swizzled
+//     K-major layout, 576 dims a token: the e4m3 latent *unscaled* (exact), the rope as is, the
+//     four group scales and a valid flag beside it. The same thread copies and converts a chunk,
+//     so its own cp.async wait is the only one needed;
+//   S = q k^T [64 heads x 32 tokens] by wgmma from shared memory (q staged once): warpgroup w
+//     takes latent groups 2 w and 2 w + 1 and half of the rope, one fp32 accumulator a group,
+//     scaled by that group's per-token scale in fp32 (scaled bf16 k would round the scores and
+//     miss the reference lse); the halves meet in shared memory and both warpgroups add them in
+//     the same order, so they hold the same S;
+//   the online softmax in registers; then O over the warpgroup's two latent groups (256 output
+//     columns, 128 fp32 registers a thread) += (P s_g) k8_g, P s_g as the register A operand and
+//     the same bf16 tile, read MN-major, as B.
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
 namespace {
@@ -33,17 +32,9 @@ constexpr int kRowBytes = 656;
 constexpr int kBlocks = 9;              // 64-dim blocks of a q or k row: 8 latent, 1 rope
 constexpr int kStages = 2;             // bf16 tiles: the one in use, the one being converted
 constexpr int kRawStages = 3;          // raw tiles in flight
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
-constexpr int kProducerThreads = 128;  // warpgroup 2
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegs = 88, kConsumerRegs = 208;
-// setmaxnreg.inc waits until the CTA's pool, 168 x 384 = 64512 as launched, has the registers:
-// a split past it hangs.
-static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 168 * kThreads, "register pool");
+constexpr int kThreads = 256;
 constexpr int kChunks = kTile * kRowBytes / 16;               // 16-B chunks of a raw tile
-constexpr int kChunksPerThread = (kChunks + kProducerThreads - 1) / kProducerThreads;
-// Named barriers (0 is __syncthreads): the consumers' S exchange; bf16 stage s full, empty.
-constexpr int kExchangeBarrier = 1, kFullBarrier = 2, kEmptyBarrier = 2 + kStages;
+constexpr int kChunksPerThread = (kChunks + kThreads - 1) / kThreads;
 constexpr int kSRegs = kTile / 2;       // S accumulator registers a thread: 64 x kTile / 128
 constexpr int kQBytes = kBlocks * kHeads * 128;
 constexpr int kKBytes = kBlocks * kTile * 128;
@@ -106,19 +97,14 @@ __device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
   return out;
 }
-// Two e4m3 values (the low one first) -> bf16x2, exactly, in 5 instructions of which one is a
-// conversion: e4m3 -> f16 (always normal or zero), then the f16 bits moved to bf16's place (an
-// exponent 112 too small, and both have room for e4m3's 3 mantissa bits) and multiplied by 2^112,
-// the sign put back.
+// Two e4m3 values (the low one first) -> bf16x2, exactly: through f16x2 and fp32.
 __device__ __forceinline__ unsigned bf16x2_from_e4m3x2(unsigned v, int high) {
   unsigned h2;
   if (high) asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(h2) : "r"(v));
   else asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h2) : "r"(v));
-  // The high half's 3 low mantissa bits are 0, so the shift leaks nothing into the low half.
-  const unsigned magnitude = (h2 >> 3) & 0x0FFF0FFFu;
-  unsigned out;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(out) : "r"(magnitude), "r"(0x77807780u), "r"(0x80008000u));
-  return out | (h2 & 0x80008000u);
+  float lo, hi;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n" : "=f"(lo), "=f"(hi) : "r"(h2));
+  return bf16x2(lo, hi);
 }
 // 16 B global -> shared, asynchronously; src_bytes 0 zero-fills without reading.
 __device__ __forceinline__ void copy_async(unsigned dst, const void* src, int src_bytes) {
@@ -155,13 +141,13 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// Producer thread t's chunks of a tile: t, t + 128, ... of the tile's 32 x 41 chunks (row = chunk / 41):
+// Thread t's chunks of a tile: t, t + 256, ... of the tile's 32 x 41 chunks (row = chunk / 41):
 // a warp's 32 consecutive chunks are 512 contiguous bytes of one or two rows.
 __device__ __forceinline__ void tile_slots(int (&slots)[kChunksPerThread], const int* __restrict__ topk, int first,
                                            int k_end, int tid) {
 #pragma unroll
   for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kProducerThreads, kk = first + chunk / 41;
+    const int chunk = tid + n * kThreads, kk = first + chunk / 41;
     slots[n] = chunk < kChunks && kk < k_end ? topk[kk] : -1;
   }
 }
@@ -170,7 +156,7 @@ __device__ __forceinline__ void copy_tile(Shared& sh, const unsigned char* __res
                                           const int (&slots)[kChunksPerThread], int stage, int tid) {
 #pragma unroll
   for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kProducerThreads;
+    const int chunk = tid + n * kThreads;
     if (chunk < kChunks) {
       const int row = chunk / 41, part = chunk % 41;
       const int slot = slots[n];
@@ -185,9 +171,9 @@ __device__ __forceinline__ void copy_tile(Shared& sh, const unsigned char* __res
 // This thread's chunks of raw tile `raw` -> bf16 tile `stage`.
 __device__ __forceinline__ void convert_tile(Shared& sh, int raw, int stage, int tid) {
   const unsigned k = smem_addr(sh.k[stage]);
-#pragma unroll 4  // fully unrolled, the loads hoisted ahead need more registers than the producer has
+#pragma unroll
   for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kProducerThreads;
+    const int chunk = tid + n * kThreads;
     if (chunk < kChunks) {
       const int row = chunk / 41, part = chunk % 41;
       const uint4 v = load_shared(smem_addr(sh.raw[raw] + chunk * 16));
@@ -253,44 +239,24 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
   const int* slots_of_b = topk + static_cast<long long>(b) * K;
 
-  // q's 64 heads into shared memory by every thread, swizzled (heads past H are zeros); the
-  // producer's first raw tiles go in flight behind them.
+  // q's 64 heads into shared memory, swizzled (heads past H are zeros), and the first raw tiles
+  // in flight; then the first tile converted.
   for (int i = tid; i < kHeads * 72; i += kThreads) {  // by cp.async: plain loads would wait one by one
     const int row = i / 72, chunk = i % 72;
     const bool ok = head0 + row < H;
     copy_async(smem_addr(sh.q) + swizzled(kHeads, row, chunk),
                q + (static_cast<long long>(b) * H + (ok ? head0 + row : 0)) * 576 + 8 * chunk, ok ? 16 : 0);
   }
-  copy_commit();
-
-  if (tid >= kConsumerThreads) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    const int ptid = tid - kConsumerThreads;
-    int slots[kChunksPerThread];
+  int slots[kChunksPerThread];
 #pragma unroll
-    for (int t = 0; t < kRawStages; ++t) {
-      tile_slots(slots, slots_of_b, k_begin + t * kTile, t < n_tiles ? k_end : 0, ptid);
-      copy_tile(sh, cache, slots, t, ptid);
-    }
-    tile_slots(slots, slots_of_b, k_begin + kRawStages * kTile, kRawStages < n_tiles ? k_end : 0, ptid);
-    copy_wait<kRawStages>();  // this thread's part of q
-    __syncthreads();
-    for (int t = 0; t < n_tiles; ++t) {
-      const int stage = t & 1, raw = t % kRawStages;
-      copy_wait<kRawStages - 1>();  // tile t landed (this thread's chunks)
-      if (t >= kStages) asm volatile("bar.sync %0, %1;\n" ::"r"(kEmptyBarrier + stage), "n"(kThreads) : "memory");
-      convert_tile(sh, raw, stage, ptid);
-      asm volatile("bar.arrive %0, %1;\n" ::"r"(kFullBarrier + stage), "n"(kThreads) : "memory");
-      // Raw tile t + 3 into the raw stage that tile t left.
-      copy_tile(sh, cache, slots, raw, ptid);
-      tile_slots(slots, slots_of_b, k_begin + (t + kRawStages + 1) * kTile, t + kRawStages + 1 < n_tiles ? k_end : 0, ptid);
-    }
-    copy_wait<0>();  // no copy may land after the CTA has gone
-    return;
+  for (int t = 0; t < kRawStages; ++t) {
+    tile_slots(slots, slots_of_b, k_begin + t * kTile, t < n_tiles ? k_end : 0, tid);
+    copy_tile(sh, cache, slots, t, tid);
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  copy_wait<0>();
-  __syncthreads();  // q is in
+  tile_slots(slots, slots_of_b, k_begin + kRawStages * kTile, kRawStages < n_tiles ? k_end : 0, tid);
+  copy_wait<kRawStages - 1>();
+  convert_tile(sh, 0, 0, tid);
+  __syncthreads();
 
   const int wg = tid >> 7;  // warpgroup 0 or 1: latent groups 2 wg and 2 wg + 1 of the output
   const int row0 = ((tid & 127) >> 5) * 16 + (lane >> 2);  // this thread's heads: row0 and row0 + 8
@@ -304,7 +270,10 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
 
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i & 1;
-    asm volatile("bar.sync %0, %1;\n" ::"r"(kFullBarrier + stage), "n"(kThreads) : "memory");  // tile i converted
+    // Raw tile i + 3 into the raw stage that tile i left (converted last step).
+    copy_tile(sh, cache, slots, i % kRawStages, tid);
+    tile_slots(slots, slots_of_b, k_begin + (i + kRawStages + 1) * kTile, i + kRawStages + 1 < n_tiles ? k_end : 0, tid);
+
     const unsigned ka = smem_addr(sh.k[stage]);
     // S: warpgroup w takes latent groups 2 w and 2 w + 1 and half of the rope, the same
     // instructions on other addresses; the two halves meet in shared memory, and both
@@ -314,6 +283,9 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     scores(s, qa, ka, 32 + 2 * wg, 2);  // the rope: unscaled
     scores(part_a, qa, ka, 16 * wg, 8);
     scores(part_b, qa, ka, 16 * wg + 8, 8);
+    // While they run: tile i + 1, landed (this thread's copies), into the other bf16 stage.
+    copy_wait<kRawStages - 1>();
+    if (i + 1 < n_tiles) convert_tile(sh, (i + 1) % kRawStages, stage ^ 1, tid);
     wgmma_wait<1>();
     pin(s);
     pin(part_a);
@@ -323,7 +295,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     add_scaled(s, part_b, sh.scale[stage][2 * wg + 1], lane);
 #pragma unroll
     for (int e = 0; e < kSRegs; ++e) sh.half_scores[wg][e][tid & 127] = s[e];
-    asm volatile("bar.sync %0, %1;\n" ::"n"(kExchangeBarrier), "n"(kConsumerThreads) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
 #pragma unroll
     for (int e = 0; e < kSRegs; ++e) s[e] = wg == 0 ? s[e] + sh.half_scores[1][e][tid & 127]
                                                     : sh.half_scores[0][e][tid & 127] + s[e];
@@ -395,9 +367,9 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     wgmma_wait<0>();
     pin(o[0]);
     pin(o[1]);
-    // Stage free for tile i + 2; past the last tiles nobody waits, and no arrival is left over.
-    if (i + kStages < n_tiles) asm volatile("bar.arrive %0, %1;\n" ::"r"(kEmptyBarrier + stage), "n"(kThreads) : "memory");
+    __syncthreads();  // tile i is consumed by both warpgroups, tile i + 1 converted by every thread
   }
+  copy_wait<0>();  // no copy may land after the CTA has gone
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
