@@ -1,4 +1,4 @@
-"""DCP KV all-gather overlapped with the previous layer's compute, on 2 GPUs (issue 8).
+"""DCP KV all-gather overlapped with the previous layer's compute, on 2 GPUs.
 
 Per layer of an L-layer step, every rank all-gathers the layer's KV shard (fp8_ds_mla rows,
 656 B/token/layer; each of the N=2 DCP ranks holds L_ctx/2 rows) into a full-context buffer, and
