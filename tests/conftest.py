@@ -79,6 +79,19 @@ class Cluster:
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
 
+def revision_of(cr: dict) -> str:
+    """The revision (NIXL pairing key) a CR's spec deploys."""
+    from longctx_engine.api import load_spec
+    from longctx_engine.compat import pairing_key
+    return pairing_key(load_spec(cr["spec"]))
+
+
+def sts_name(cr: dict, role: str) -> str:
+    """The name of a role's StatefulSet for the CR's current spec."""
+    from longctx_engine import contract
+    return contract.statefulset(cr["metadata"]["name"], role, revision_of(cr))
+
+
 def example_cr(name: str = "glm", **spec_overrides: Any) -> dict:
     cr = yaml.safe_load(EXAMPLE.read_text())
     cr["metadata"]["name"] = name

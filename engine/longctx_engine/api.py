@@ -10,16 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .contract import (GROUP, KIND, MAX_POOL_TARGET_PORTS, NIXL_SIDE_CHANNEL_PORT, PLURAL,
-                       VERSION)
+from .contract import (GROUP, KIND, MAX_CR_NAME_LENGTH, MAX_POOL_TARGET_PORTS,
+                       NIXL_SIDE_CHANNEL_PORT, PLURAL, VERSION)
 from .schema import APIObject, Preserved, Quantity, Rule, api_field, dump, load
 
 SINGULAR = "longcontextdeployment"
 SHORT_NAMES = ("lcd",)
 
-# A StatefulSet's controller-revision-hash label is "<sts-name>-<hash of up to 10>"
-# and must fit in 63 characters; the longest child StatefulSet is "<name>-prefill".
-MAX_NAME_LENGTH = 63 - len("-prefill") - 11
+MAX_NAME_LENGTH = MAX_CR_NAME_LENGTH
 
 # MTP draft layers of each preset (models.PRESETS reads them from here), so that the
 # CEL rules about MTP can tell a preset's layers without the planner.
@@ -28,9 +26,9 @@ PRESET_NAMES = tuple(PRESET_MTP_LAYERS)
 _PRESET_MTP_MAP = "{" + ", ".join(f"'{k}': {v}" for k, v in PRESET_MTP_LAYERS.items()) + "}"
 NAME_RULE = Rule(f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
                  f"metadata.name {{self.metadata.name}} is longer than {MAX_NAME_LENGTH} "
-                 "characters; the StatefulSet names derived from it (<name>-prefill plus a "
-                 "revision hash) must stay within Kubernetes' 63-character limit: choose a "
-                 "shorter name")
+                 "characters; the StatefulSet names derived from it (<name>-prefill-<revision> "
+                 "plus the controller's hash) must stay within Kubernetes' 63-character "
+                 "limit: choose a shorter name")
 
 
 # A container image reference (registry/repository[:tag][@digest], the grammar of
@@ -468,6 +466,27 @@ class Autoscaling(APIObject):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Rollout(APIObject):
+    """How a new revision (a change of the NIXL pairing key: model, image, vLLM version, KV
+    dtype, speculative method, pinned attention backend or block size) replaces the
+    serving one. Other changes roll in place, one pod at a time, only on the role they
+    touch."""
+
+    strategy: str = api_field(
+        "Surge: the new revision comes up beside the old one, the router switches to it at "
+        "once when it is Ready, and the old one drains (needs the GPUs of a second "
+        "revision). Recreate: the old revision stops, then the new one starts (no extra "
+        "GPUs; no serving during the model load).", "Surge", enum=("Surge", "Recreate"))
+    minReadyReplicas: Optional[int] = api_field(
+        "Ready pods of each role the new revision needs before the router switches to it "
+        "(default: all of each role's replicas).", None, minimum=1)
+    drainSeconds: Optional[int] = api_field(
+        "How long the old revision keeps its pods after the switch so that in-flight "
+        "requests finish (default: the predicted time of the longest request at "
+        "maxContextTokens).", None, minimum=0, maximum=86400)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Monitoring(APIObject):
     """Prometheus scraping."""
 
@@ -520,6 +539,14 @@ class LongContextDeploymentSpec(APIObject):
              "single-module MTP, but the model has several MTP layers and "
              "engine.speculative.draftTokens is {self.engine.speculative.draftTokens}; set "
              "engine.speculative.draftTokens to 1"),
+        Rule("!has(self.rollout.minReadyReplicas) || has(self.replicas) || "
+             "!has(self.prefill.replicas) || !has(self.decode.replicas) || "
+             "(self.rollout.minReadyReplicas <= self.prefill.replicas && "
+             "self.rollout.minReadyReplicas <= self.decode.replicas)",
+             "rollout.minReadyReplicas ({self.rollout.minReadyReplicas}) is more than a role's "
+             "replicas (prefill {self.prefill.replicas}, decode {self.decode.replicas}): the "
+             "new revision could never be ready enough to switch to; lower it or leave it "
+             "unset (all replicas)"),
         Rule("!self.router.enabled || (" + " && ".join(
             f"self.{role}.gpusPerPod <= {MAX_POOL_TARGET_PORTS} * "
             f"{_RANK_GPUS.replace('self.', f'self.{role}.')}" for role in ("prefill", "decode"))
@@ -567,6 +594,7 @@ class LongContextDeploymentSpec(APIObject):
     scaling: Scaling = api_field("The prefill:decode ratio of a unit.", Scaling())
     autoscaling: Optional[Autoscaling] = api_field(
         "Scale spec.replicas on the decode capacity signal and the waiting requests.", None)
+    rollout: Rollout = api_field("How a new revision replaces the serving one.", Rollout())
     capacity: Capacity = api_field("Capacity planner inputs.", Capacity())
 
 

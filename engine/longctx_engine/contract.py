@@ -20,6 +20,13 @@ PLURAL = "longcontextdeployments"
 ROLES = ("prefill", "decode")
 FIELD_MANAGER = "longctx-operator"
 
+# A revision is the NIXL pairing key (compat.pairing_key) of a spec: hex digits, in the
+# names of its StatefulSets, PDBs and ConfigMap and in every object's pairing label.
+REVISION_LENGTH = 10
+# The StatefulSet controller labels pods with "<statefulset>-<hash of 10>", at most 63
+# characters; the longest StatefulSet is "<name>-prefill-<revision>".
+MAX_CR_NAME_LENGTH = 63 - len("-prefill-") - REVISION_LENGTH - len("-") - 10
+
 # ---------------------------------------------------------------- ports
 
 # Rank i of a pod is reached on SERVING_BASE_PORT + i: prefill's vLLM directly, decode's
@@ -87,11 +94,15 @@ MONITORING_COMPONENT = "monitoring"
 ENGINE_CONFIG_COMPONENT = "engine"
 
 
-def selector_labels(cr_name: str, component: str | None = None) -> dict[str, str]:
-    """Labels that select a CR's objects (and, with a component, one role's pods)."""
+def selector_labels(cr_name: str, component: str | None = None,
+                    revision: str | None = None) -> dict[str, str]:
+    """Labels that select a CR's objects (with a component, one role's pods; with a
+    revision, only that revision's)."""
     labels = {NAME_LABEL: "longctx", INSTANCE_LABEL: cr_name}
     if component:
         labels[COMPONENT_LABEL] = component
+    if revision:
+        labels[PAIRING_LABEL] = revision
     return labels
 
 
@@ -124,29 +135,30 @@ def owner_reference(cr: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- names
 
 
-def statefulset(cr_name: str, role: str) -> str:
-    return f"{cr_name}-{role}"
+def statefulset(cr_name: str, role: str, revision: str) -> str:
+    return f"{cr_name}-{role}-{revision}"
 
 
 def headless_service(cr_name: str, role: str) -> str:
-    """The role's headless Service: pod i of the role is `<statefulset>-i.<service>`."""
-    return statefulset(cr_name, role)
+    """The role's headless Service, shared by its revisions: pod i of a revision is
+    `<statefulset>-i.<service>`."""
+    return f"{cr_name}-{role}"
 
 
-def pod(cr_name: str, role: str, ordinal: int) -> str:
-    return f"{statefulset(cr_name, role)}-{ordinal}"
+def pod(statefulset_name: str, ordinal: int) -> str:
+    return f"{statefulset_name}-{ordinal}"
 
 
-def pod_dns(cr_name: str, role: str, ordinal: int, namespace: str) -> str:
-    return f"{pod(cr_name, role, ordinal)}.{headless_service(cr_name, role)}.{namespace}.svc"
+def pod_dns(pod_name: str, cr_name: str, role: str, namespace: str) -> str:
+    return f"{pod_name}.{headless_service(cr_name, role)}.{namespace}.svc"
 
 
-def engine_configmap(cr_name: str) -> str:
-    return f"{cr_name}-engine"
+def engine_configmap(cr_name: str, revision: str) -> str:
+    return f"{cr_name}-engine-{revision}"
 
 
-def pdb(cr_name: str, role: str) -> str:
-    return statefulset(cr_name, role)
+def pdb(cr_name: str, role: str, revision: str) -> str:
+    return statefulset(cr_name, role, revision)
 
 
 def picker(cr_name: str) -> str:

@@ -32,17 +32,22 @@ class PodIdentity:
                 f"needs {contract.ENV_POD_NAME} (fieldRef metadata.name) and "
                 f"{contract.ENV_POD_IP} (fieldRef status.podIP) from the Downward API; the "
                 "NIXL side channel must advertise the pod IP")
-        pod_name = env.get(contract.ENV_POD_NAME) or contract.pod(cr_name, role, 0)
+        pod_name = env.get(contract.ENV_POD_NAME) or contract.pod(f"{cr_name}-{role}", 0)
         pod_ip = env.get(contract.ENV_POD_IP) or "127.0.0.1"
         ns = env.get(contract.ENV_POD_NAMESPACE) or namespace
         return cls(cr_name=cr_name, namespace=ns, pod_name=pod_name,
                    ordinal=parse_ordinal(pod_name), pod_ip=pod_ip)
 
     @classmethod
-    def first(cls, cr_name: str, namespace: str, role: str) -> "PodIdentity":
-        """Pod 0 of a role, for commands rendered outside a pod."""
-        return cls(cr_name=cr_name, namespace=namespace, pod_name=contract.pod(cr_name, role, 0),
+    def first(cls, cr_name: str, namespace: str, statefulset: str) -> "PodIdentity":
+        """Pod 0 of a StatefulSet, for commands rendered outside a pod."""
+        return cls(cr_name=cr_name, namespace=namespace, pod_name=contract.pod(statefulset, 0),
                    ordinal=0, pod_ip="0.0.0.0")
+
+    @property
+    def statefulset(self) -> str:
+        """The StatefulSet of this pod: its name without the ordinal suffix."""
+        return self.pod_name.rsplit("-", 1)[0]
 
 
 def parse_ordinal(pod_name: str) -> int:

@@ -101,7 +101,8 @@ def attention_config(plan: "RolePlan") -> Optional[dict]:
 def group_leader_address(plan: "RolePlan", pod: PodIdentity) -> str:
     """DNS name of pod 0 of this pod's data-parallel group (the role's headless Service)."""
     leader = pod.ordinal - pod.ordinal % plan.layout.pods_per_group
-    return contract.pod_dns(pod.cr_name, plan.role, leader, pod.namespace)
+    return contract.pod_dns(contract.pod(pod.statefulset, leader), pod.cr_name, plan.role,
+                            pod.namespace)
 
 
 def start_rank(plan: "RolePlan", pod: PodIdentity) -> int:

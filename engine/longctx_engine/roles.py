@@ -33,6 +33,10 @@ class RolePlan:
     def replicas(self) -> int:
         return self.layout.replicas
 
+    @property
+    def revision(self) -> str:
+        return self.pairing_key
+
     def command(self, pod: PodIdentity) -> EngineCommand:
         """The `vllm serve` argv and env of one pod of this role."""
         return build_command(self, pod)
@@ -54,6 +58,10 @@ class ServingPlan:
         if name not in contract.ROLES:
             raise RecipeError(f"role must be one of {', '.join(contract.ROLES)}, got {name!r}")
         return self.prefill if name == "prefill" else self.decode
+
+    @property
+    def revision(self) -> str:
+        return self.prefill.pairing_key
 
     @property
     def pool_target_ports(self) -> tuple[int, ...]:

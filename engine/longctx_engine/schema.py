@@ -50,16 +50,14 @@ class Rule:
                                 self.message)
 
     def cel(self) -> dict[str, str]:
-        """The x-kubernetes-validations entry."""
-        if not _PLACEHOLDER.search(self.message):
+        """The x-kubernetes-validations entry. Values are formatted with CEL's format(),
+        whose cost the API server bounds (string() of an integer it does not)."""
+        paths = _PLACEHOLDER.findall(self.message)
+        if not paths:
             return {"rule": self.rule, "message": self.message}
-        parts, last = [], 0
-        for m in _PLACEHOLDER.finditer(self.message):
-            parts += [_cel_literal(self.message[last:m.start()]), f"string({m.group(1)})"]
-            last = m.end()
-        parts.append(_cel_literal(self.message[last:]))
+        template = _PLACEHOLDER.sub("%s", self.message.replace("%", "%%"))
         return {"rule": self.rule,
-                "messageExpression": " + ".join(p for p in parts if p != '""')}
+                "messageExpression": f"{_cel_literal(template)}.format([{', '.join(paths)}])"}
 
 
 _PLACEHOLDER = re.compile(r"\{(self(?:\.\w+)*)\}")

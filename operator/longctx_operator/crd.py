@@ -20,8 +20,9 @@ _CONDITION = {
     "type": "object",
     "required": ["type", "status"],
     "properties": {
-        "type": {"type": "string", "description": "CapacityPlanned, Accepted, PrefillReady, DecodeReady, "
-                 "RouterReady, Ready, Progressing, Degraded or TopologySatisfiable."},
+        "type": {"type": "string", "description": "CapacityPlanned, Accepted, PrefillReady, "
+                 "DecodeReady, RouterReady, RolloutBlocked, TopologySatisfiable, Ready, Progressing "
+                 "or Degraded."},
         "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
         "reason": {"type": "string", "description": "One CamelCase word."},
         "message": {"type": "string", "description": "What is wrong and what to change."},
@@ -37,6 +38,30 @@ _ROLE_STATUS = {
         "readyReplicas": {"type": "integer", "description": "Pods Ready."},
         "updatedReplicas": {"type": "integer", "description": "Pods at the current revision."},
         "summary": {"type": "string", "description": "ready/desired, for printing."},
+    },
+}
+
+_READY_BY_ROLE = {"type": "object", "additionalProperties": {"type": "integer"},
+                  "description": "Ready pods by role."}
+_ROLLOUT_STATUS = {
+    "type": "object",
+    "description": "The last rollout between revisions (see docs/operator.md#rollouts).",
+    "properties": {
+        "strategy": {"type": "string", "description": "Surge or Recreate."},
+        "phase": {"type": "string", "description": "Steady, Progressing, Blocked, Failed, "
+                  "Draining or Recreating."},
+        "from": {"type": "string", "description": "The revision that served before."},
+        "to": {"type": "string", "description": "The desired revision."},
+        "serving": {"type": "string", "description": "The revision the router selects."},
+        "startTime": {"type": "string", "format": "date-time"},
+        "switchTime": {"type": "string", "format": "date-time",
+                       "description": "When the router switched to the new revision."},
+        "drainUntil": {"type": "string", "format": "date-time",
+                       "description": "When the old revision's pods are removed."},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "expectedDowntime": {"type": "string", "description": "Recreate: what it costs."},
+        "readyReplicas": {"type": "object", "additionalProperties": _READY_BY_ROLE,
+                          "description": "Ready pods of each role, by revision."},
     },
 }
 
@@ -62,6 +87,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                      "description": "P/D units whose pods exist (the /scale status)."},
         "selector": {"type": "string",
                      "description": "Label selector of the serving pods (the /scale status)."},
+        "revision": {"type": "string", "description": "The serving revision (the NIXL "
+                     "pairing key of its spec)."},
+        "rollout": _ROLLOUT_STATUS,
     },
 }
 
@@ -78,7 +106,14 @@ PRINTER_COLUMNS = [
     {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary",
      "description": "ready/desired decode pods"},
     {"name": "Max-Context", "type": "integer", "jsonPath": ".spec.maxContextTokens"},
+    {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.phase",
+     "description": "Steady, Progressing, Blocked, Failed, Draining or Recreating"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "priority": 1},
+    {"name": "Revision", "type": "string", "jsonPath": ".status.revision", "priority": 1,
+     "description": "the serving revision"},
+    {"name": "Capacity", "type": "integer",
+     "jsonPath": ".status.plan.decode.maxConcurrentAtMaxContext", "priority": 1,
+     "description": "max-context requests decode holds at once"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -1,4 +1,4 @@
-"""The whole object graph one LongContextDeployment becomes (pure)."""
+"""The object graph one LongContextDeployment becomes (pure)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ from longctx_engine.planner import plan as capacity_plan
 from longctx_engine.roles import ServingPlan
 
 from .builders.autoscaling import autoscaling_objects
-from .builders.engine import engine_objects, pod_monitor
+from .builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from .builders.router import router_objects
 
 
-def desired_objects(cr: dict[str, Any], plan: ServingPlan, *,
-                    with_pod_monitor: bool, with_capacity_rules: bool = False,
-                    with_keda: bool = False) -> list[dict[str, Any]]:
-    """Every child object, in apply order (config before the pods that read it)."""
-    objects = engine_objects(cr, plan) + router_objects(cr, plan)
+def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: bool,
+                    serving: str | None = None, with_revision: bool = True,
+                    with_capacity_rules: bool = False, with_keda: bool = False
+                    ) -> list[dict[str, Any]]:
+    """Every child object in apply order (config before the pods that read it): the plan's
+    revision (unless a Recreate rollout still waits for the old one to stop) and the
+    objects all revisions share, with the pool on the `serving` revision (default: the
+    plan's). The capacity rules need the PrometheusRule CRD; spec.autoscaling becomes a
+    KEDA ScaledObject `with_keda` (its CRD exists), else an HPA."""
+    objects = revision_objects(cr, plan) if with_revision else []
+    objects += shared_engine_objects(cr, plan) + router_objects(cr, plan, serving)
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
         objects.append(pod_monitor(cr, plan))
     if with_capacity_rules or plan.spec.autoscaling is not None:

@@ -198,10 +198,11 @@ class Kube:
         metrics.API_WRITES.labels(kind=kind, verb="status").inc()
 
     def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
-        """Whether a CRD is installed, asked at most once a minute."""
+        """Whether a CRD is installed. A CRD found is trusted for `max_age` seconds; one
+        absent is asked for again each time, so a newly installed one is used at once."""
         checked = self._crds.get(name)
-        if checked and time.monotonic() - checked[0] < max_age:
-            return checked[1]
+        if checked and checked[1] and time.monotonic() - checked[0] < max_age:
+            return True
         try:
             found = self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
                              name) is not None

@@ -8,10 +8,12 @@ their ownerReferences, and the status is recomputed from the children each time.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -19,7 +21,7 @@ import kopf
 
 from longctx_engine import contract
 
-from . import metrics
+from . import metrics, rollout
 from .cache import Caches
 from .kube import Kube, KubeError
 from .reconcile import reconcile
@@ -72,7 +74,7 @@ class Retries:
             delay = min(self._delays.get(key, self.first / 2) * 2, self.cap)
             self._delays[key] = delay
             if key not in self._timers:
-                timer = threading.Timer(delay, self._fire, (key, fn))
+                timer = threading.Timer(delay, contextvars.copy_context().run, (self._fire, key, fn))
                 timer.daemon = True
                 self._timers[key] = timer
                 timer.start()
@@ -94,11 +96,47 @@ class Retries:
             self._timers.clear()
 
 
+class Wakeups:
+    """Reconciles asked for at a time, not by an event: the end of a drain window, the
+    deadline of a new revision's load. One timer per CR, the earliest wins. Timers run in
+    the scheduling handler's context, where Kopf's event poster lives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timers: dict[tuple[str, str], tuple[float, threading.Timer]] = {}
+
+    def at(self, key: tuple[str, str], delay: float, fn: Callable[[], None]) -> None:
+        due = time.monotonic() + delay
+        with self._lock:
+            current = self._timers.get(key)
+            if current is not None and current[0] <= due:
+                return
+            if current is not None:
+                current[1].cancel()
+            timer = threading.Timer(delay, contextvars.copy_context().run, (self._fire, key, fn))
+            timer.daemon = True
+            self._timers[key] = (due, timer)
+            timer.start()
+
+    def _fire(self, key: tuple[str, str], fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._timers.pop(key, None)
+        fn()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            for _, timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+
+
 class State:
     kube: Kube | None = None
     coalescer = Coalescer()
     retries = Retries()
+    wakeups = Wakeups()
     phases: dict[tuple[str, str], str] = {}
+    rollouts: dict[tuple[str, str], str] = {}
 
 
 @kopf.on.startup()
@@ -109,6 +147,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     settings.execution.max_workers = int(os.environ.get("LONGCTX_WORKERS", "8"))
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
+    # How long a killed leader's peering record blocks the next replica (Kopf: 60 s).
+    settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     State.kube = Kube.from_environment()
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
     State.kube.caches = Caches(State.kube, namespaces)
@@ -124,6 +164,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.cleanup()
 def stop(**_: Any) -> None:
     State.retries.cancel_all()
+    State.wakeups.cancel_all()
     if State.kube is not None and State.kube.caches is not None:
         State.kube.caches.stop()
 
@@ -137,6 +178,7 @@ def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
         cr = kube.get(contract.API_VERSION, contract.KIND, namespace, name)
         if cr is None or cr["metadata"].get("deletionTimestamp"):
             State.phases.pop((namespace, name), None)
+            State.rollouts.pop((namespace, name), None)
             _export_phases()
             return
         key = (namespace, name)
@@ -149,10 +191,15 @@ def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
             logger.error("%s/%s: %s; retrying in %.0f s", namespace, name, exc, delay)
             return
         State.retries.succeeded(key)
+        if outcome.wake_after is not None:
+            State.wakeups.at(key, outcome.wake_after,
+                             lambda: reconcile_named(namespace, name, logger))
         for type_, reason, message in outcome.events:
             kopf.event(cr, type=type_, reason=reason, message=message)
             logger.info("%s/%s %s: %s", namespace, name, reason, message)
         State.phases[(namespace, name)] = outcome.phase
+        if outcome.rollout_phase:
+            State.rollouts[(namespace, name)] = outcome.rollout_phase
         _export_phases()
 
     State.coalescer.run((namespace, name), once)
@@ -162,6 +209,9 @@ def _export_phases() -> None:
     counts = Counter(State.phases.values())
     for phase in ("Pending", "Progressing", "Ready", "Degraded", "Refused"):
         metrics.CRS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
+    rollouts = Counter(State.rollouts.values())
+    for phase in rollout.PHASES:
+        metrics.ROLLOUTS_BY_PHASE.labels(phase=phase).set(rollouts.get(phase, 0))
 
 
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
@@ -169,6 +219,7 @@ def deployment_event(type: str, namespace: str, name: str, logger: logging.Logge
                      **_: Any) -> None:
     if type == "DELETED":
         State.phases.pop((namespace, name), None)
+        State.rollouts.pop((namespace, name), None)
         _export_phases()
         return
     reconcile_named(namespace, name, logger)

@@ -10,6 +10,11 @@ RECONCILE_SECONDS = Histogram("longctx_reconcile_duration_seconds", "Reconcile d
 API_WRITES = Counter("longctx_api_writes_total", "API writes by kind and verb.", ["kind", "verb"])
 MANAGED_OBJECTS = Gauge("longctx_managed_objects", "Child objects managed, by kind.", ["kind"])
 CRS_BY_PHASE = Gauge("longctx_deployments", "LongContextDeployments by phase.", ["phase"])
+ROLLOUTS_BY_PHASE = Gauge("longctx_rollouts", "LongContextDeployments by rollout phase.",
+                          ["phase"])
+ZERO_CAPACITY_SECONDS = Counter(
+    "longctx_zero_capacity_seconds_total",
+    "Seconds during which a role that should serve had no Ready pod in its serving revision.")
 
 
 _serving: set[tuple[str, int]] = set()

@@ -7,15 +7,20 @@ then derives the status from the children and writes it only when it changed.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from longctx_engine import api, contract
 from longctx_engine.compat import pd_compatibility
+from longctx_engine.engine_config import parse_engine_config
 from longctx_engine.identity import PodIdentity
+from longctx_engine.performance import summary_at_max_context
 from longctx_engine.planner import NodeMemory, plan as plan_capacity
+from longctx_engine.quantity import parse_bytes
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
 from longctx_engine.rules import RecipeError
 from longctx_engine.layout import role_layout
@@ -23,16 +28,20 @@ from longctx_engine.scaling import scale_status
 from longctx_engine.schema import SpecError
 from longctx_engine.topology import topology_plan
 
-from . import metrics
+from . import metrics, rollout
 from .builders.router import picker_status
 from .desired import desired_objects
-from .kube import Kube
-from .status import Observed, Refusal, compute_status, status_changed
+from .kube import Kube, KubeError
+from .status import Observed, Refusal, compute_status, merge_patch, status_changed
 
 log = logging.getLogger(__name__)
 POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
 RULE_CRD = contract.KIND_BY_NAME["PrometheusRule"].crd
 KEDA_CRD = contract.KIND_BY_NAME["ScaledObject"].crd
+# Added to the longest request's predicted time: the answer streamed after the prompt.
+DRAIN_MARGIN_SECONDS = 60
+# Without a prediction (an explicit architecture), the old revision drains this long.
+DEFAULT_DRAIN_SECONDS = 600
 
 
 @dataclass
@@ -40,6 +49,8 @@ class Outcome:
     """What one reconcile did, for events, metrics and tests."""
 
     phase: str = ""
+    rollout_phase: str = ""
+    wake_after: float | None = None    # seconds until a reconcile is due without an event
     applied: list[str] = field(default_factory=list)   # "Kind/name" written
     deleted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
@@ -66,10 +77,11 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
 
 def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str) -> None:
     """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
-    handshake. The two plans may come from different specs: the role being rolled and the
-    other role still running the previous one."""
-    commands = [plan.command(PodIdentity.first(cr_name, namespace, plan.role))
-                for plan in (prefill, decode)]
+    handshake. The two plans may come from different specs: an in-place roll of one role
+    pairs its new engines with the other role's running ones."""
+    commands = [plan.command(PodIdentity.first(
+        cr_name, namespace, contract.statefulset(cr_name, plan.role, plan.revision)))
+        for plan in (prefill, decode)]
     mismatches = pd_compatibility(*commands)
     if mismatches:
         raise RecipeError("prefill and decode engines are incompatible for NIXL: "
@@ -120,13 +132,26 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         else:
             plan = serving_plan(spec, name)
             check_pair(plan.prefill, plan.decode, name, namespace)
+            _check_in_place_pair(kube, cr, plan)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
 
+    revisions = _revisions(kube, name, namespace)
+    step: rollout.Step | None = None
     if refusal is None and plan is not None:
-        _apply_children(kube, cr, plan, outcome, previous)
+        step = rollout.step(desired=plan.revision,
+                            serving=_serving_revision(kube, cr, plan.spec, previous),
+                            revisions=revisions, previous=previous.get("rollout") or {},
+                            policy=_policy(plan), now=_utcnow(),
+                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
+        _apply_children(kube, cr, plan, step, revisions, outcome, previous)
+        outcome.events += step.events
+        outcome.rollout_phase = step.phase
+        outcome.wake_after = step.wake_after
+        revisions = _revisions(kube, name, namespace)
 
-    observed = _observe(kube, name, namespace, spec)
+    serving_rev = step.serving if step is not None else previous.get("revision")
+    observed = _observe(kube, name, namespace, spec, revisions.get(serving_rev or ""))
     if spec is None:
         desired_replicas = dict.fromkeys(contract.ROLES, 0)
     elif refusal:  # report the replicas that are actually running, not the refused spec's
@@ -134,23 +159,140 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
             "replicas", 0) for role in contract.ROLES}
     else:
         desired_replicas = {role: role_layout(spec, role).replicas for role in contract.ROLES}
+    _count_zero_capacity(name, namespace, observed, desired_replicas)
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
-                            endpoint=_endpoint(name, namespace, spec), previous=previous)
+                            endpoint=_endpoint(name, namespace, spec), previous=previous,
+                            rollout=step)
     status.update(scale_status(name, spec, observed.pods))
+    if step is None:   # a refused spec changes nothing about revisions
+        status.update({k: previous[k] for k in ("rollout", "revision") if k in previous})
     outcome.phase = status["phase"]
     if status_changed(previous, status):
-        kube.patch_status(contract.API_VERSION, contract.KIND, namespace, name, status)
+        kube.patch_status(contract.API_VERSION, contract.KIND, namespace, name,
+                          merge_patch(previous, status))
         outcome.status_written = True
         _transition_events(previous, status, outcome)
 
 
-def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: Outcome,
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _policy(plan: ServingPlan) -> rollout.Policy:
+    spec = plan.spec
+    r = spec.rollout
+    min_ready = {role.role: min(r.minReadyReplicas or role.replicas, role.replicas)
+                 for role in plan.roles}
+    if r.drainSeconds is not None:
+        drain = float(r.drainSeconds)
+    else:
+        predicted = summary_at_max_context(spec)
+        drain = float(math.ceil(predicted["ttftSeconds"]) + DRAIN_MARGIN_SECONDS
+                      if predicted else DEFAULT_DRAIN_SECONDS)
+    budget = spec.engine.engineReadyTimeoutSeconds
+    return rollout.Policy(strategy=r.strategy, min_ready=min_ready, drain_seconds=drain,
+                          ready_timeout_seconds=float(budget),
+                          downtime=f"up to the model load, engine.engineReadyTimeoutSeconds "
+                                   f"= {budget} s")
+
+
+def _revisions(kube: Kube, name: str, namespace: str) -> dict[str, rollout.Revision]:
+    selector = contract.selector_labels(name)
+    return rollout.group_revisions(kube.list("apps/v1", "StatefulSet", namespace, selector),
+                                   kube.list("v1", "Pod", namespace, selector))
+
+
+def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
+                      previous: dict[str, Any]) -> Optional[str]:
+    """The revision that serves: the one the InferencePool selects (one write switches it,
+    so it is the truth), else the one the status last recorded."""
+    meta = cr["metadata"]
+    if spec.router.enabled:
+        pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
+                        meta["namespace"], contract.inference_pool(meta["name"]))
+        selected = (((pool or {}).get("spec") or {}).get("selector") or {}).get(
+            "matchLabels", {}).get(contract.PAIRING_LABEL)
+        if selected:
+            return selected
+    return previous.get("revision")
+
+
+def _check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> None:
+    """An in-place roll restarts only the role whose command changed: its new engines pair
+    with the other role's running ones, whose spec is the revision's live config."""
+    meta = cr["metadata"]
+    live = kube.get("v1", "ConfigMap", meta["namespace"],
+                    contract.engine_configmap(meta["name"], plan.revision))
+    text = ((live or {}).get("data") or {}).get(contract.CONFIG_KEY)
+    if not text:
+        return
+    try:
+        running = serving_plan(parse_engine_config(text).spec)
+    except (ValueError, RecipeError):
+        return   # a config this operator cannot read is replaced, not paired with
+    check_pair(plan.prefill, running.decode, meta["name"], meta["namespace"])
+    check_pair(running.prefill, plan.decode, meta["name"], meta["namespace"])
+
+
+def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]
+                  ) -> Optional[str]:
+    """How many GPUs the new revision still needs on the nodes its placement selects, and
+    how many are free there (None when nodes or pods cannot be read)."""
+    placement = plan.spec.placement
+    wanted = {"nvidia.com/gpu.product": placement.gpuProduct, **placement.nodeSelector}
+    nodes = kube.nodes(max_age=0)
+    try:
+        pods = kube.list("v1", "Pod", None) if nodes is not None else None
+    except KubeError:
+        pods = None
+    if nodes is None or pods is None:
+        return None
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in pod["spec"].get("containers", []):
+            gpus = ((c.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu")
+            used[node] = used.get(node, 0) + (parse_bytes(gpus) if gpus else 0)
+    free = sum(max(parse_bytes((n.get("status") or {}).get("allocatable", {}).get(
+        "nvidia.com/gpu", "0")) - used.get(n["metadata"]["name"], 0), 0) for n in nodes
+        if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items()))
+    new = revisions.get(plan.revision)
+    placed = {role: sum(1 for p in new.role_pods(role) if (p.get("spec") or {}).get("nodeName"))
+              for role in contract.ROLES} if new else dict.fromkeys(contract.ROLES, 0)
+    need = sum(max(r.replicas - placed[r.role], 0) * r.layout.gpusPerPod for r in plan.roles)
+    selector = ", ".join(f"{k}={v}" for k, v in wanted.items())
+    return (f"the new revision needs {need} more {placement.gpuProduct} GPUs on nodes "
+            f"matching {selector}; free: {free}")
+
+
+_ZERO_SINCE: dict[tuple[str, str], float] = {}
+
+
+def _count_zero_capacity(name: str, namespace: str, observed: Observed,
+                         desired: dict[str, int]) -> None:
+    """Seconds during which a role that should serve had no Ready pod, between reconciles."""
+    key = (namespace, name)
+    now = time.monotonic()
+    zero = any(desired.get(role) and not ((observed.statefulsets.get(role) or {}).get(
+        "status") or {}).get("readyReplicas") for role in contract.ROLES)
+    last = _ZERO_SINCE.pop(key, None)
+    if zero:
+        if last is not None:
+            metrics.ZERO_CAPACITY_SECONDS.inc(now - last)
+        _ZERO_SINCE[key] = now
+
+
+def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
+                    revisions: dict[str, rollout.Revision], outcome: Outcome,
                     previous: dict[str, Any]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
-        cr, plan, with_pod_monitor=with_monitor,
+        cr, plan, with_pod_monitor=with_monitor, serving=step.serving,
+        with_revision=step.apply_desired,
         with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
         with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
@@ -169,13 +311,16 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: 
                 "Repaired", "restored (a managed field had drifted)")
         outcome.events.append(("Normal", reason, f"{label} {verb}"))
     wanted = {_key(o) for o in desired}
+    # Revisions that run stay (a draining one too) unless this step removes them.
+    kept = (set(revisions) | {plan.revision}) - set(step.delete)
     for kind in contract.MANAGED_KINDS:
         if kind.crd and not kube.crd_exists(kind.crd):
             continue   # nothing of a kind whose CRD is absent can exist
         for live in kube.list(kind.api_version, kind.kind, meta["namespace"],
                               contract.selector_labels(meta["name"])):
             owners = live["metadata"].get("ownerReferences", [])
-            if (kind.kind, live["metadata"]["name"]) in wanted or not any(
+            revision = live["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
+            if (kind.kind, live["metadata"]["name"]) in wanted or revision in kept or not any(
                     o.get("uid") == meta["uid"] for o in owners):
                 continue
             kube.delete(kind.api_version, kind.kind, meta["namespace"], live["metadata"]["name"])
@@ -187,15 +332,15 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, outcome: 
 
 
 def _observe(kube: Kube, name: str, namespace: str,
-             spec: api.LongContextDeploymentSpec | None) -> Observed:
-    statefulsets = {role: kube.get("apps/v1", "StatefulSet", namespace,
-                                   contract.statefulset(name, role)) for role in contract.ROLES}
-    pods = kube.list("v1", "Pod", namespace, contract.selector_labels(name))
+             spec: api.LongContextDeploymentSpec | None,
+             serving: rollout.Revision | None) -> Observed:
+    """The serving revision's StatefulSets and pods, and the picker."""
     router = None
     if spec is not None and spec.router.enabled:
         router = picker_status(kube.get("apps/v1", "Deployment", namespace,
                                         contract.picker(name)))
-    return Observed(statefulsets=statefulsets, pods=pods, router=router)
+    return Observed(statefulsets=dict(serving.statefulsets) if serving else {},
+                    pods=list(serving.pods) if serving else [], router=router)
 
 
 def _endpoint(name: str, namespace: str, spec: api.LongContextDeploymentSpec | None) -> str | None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .rollout import Step
 
 from longctx_engine import contract
 
@@ -46,7 +49,7 @@ def _role_status(sts: dict[str, Any] | None, desired: int) -> dict[str, Any]:
             "updatedReplicas": st.get("updatedReplicas", 0), "summary": f"{ready}/{desired}"}
 
 
-def _crash(pods: list[dict[str, Any]]) -> str | None:
+def crash_message(pods: list[dict[str, Any]]) -> str | None:
     """The last termination of a crash-looping container of these pods, in words."""
     for pod in pods:
         statuses = pod.get("status", {})
@@ -64,7 +67,7 @@ def _crash(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
+def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
     for pod in pods:
         for cond in pod.get("status", {}).get("conditions", []):
             if cond["type"] == "PodScheduled" and cond["status"] == "False":
@@ -80,10 +83,10 @@ def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,
     st = sts.get("status", {})
     pods = [p for p in pods
             if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == role]
-    crash = _crash(pods)
+    crash = crash_message(pods)
     if crash:
         return _condition(type_, False, "CrashLoop", crash)
-    pending = _unschedulable(pods)
+    pending = unschedulable_message(pods)
     if pending:
         return _condition(type_, False, "Unschedulable", pending)
     if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
@@ -98,8 +101,11 @@ def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,
 
 def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[str, Any] | None,
                    observed: Observed, desired_replicas: dict[str, int], endpoint: str | None,
-                   previous: dict[str, Any] | None) -> dict[str, Any]:
-    """The full status. Condition timestamps move only when a condition's status changes."""
+                   previous: dict[str, Any] | None, rollout: "Step | None" = None
+                   ) -> dict[str, Any]:
+    """The full status. `observed` holds the serving revision's StatefulSets and pods;
+    `rollout`, what this reconcile did about revisions. Condition timestamps move only when
+    a condition's status changes."""
     generation = cr["metadata"].get("generation", 1)
     conditions: list[dict[str, Any]] = []
     if refusal:
@@ -114,22 +120,32 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
     if observed.router is not None:
         ok, reason, message = observed.router
         conditions.append(_condition("RouterReady", ok, reason, message))
+    crashes = [c for c in role_conditions if c["reason"] == "CrashLoop"]
+    failed = rollout.failed if rollout is not None else None
+    degraded = bool(crashes) or bool(failed)
+    if crashes:
+        conditions.append(_condition("Degraded", True, "CrashLoop", crashes[0]["message"]))
+    elif failed:
+        conditions.append(_condition("Degraded", True, "RolloutFailed", failed))
+    else:
+        conditions.append(_condition("Degraded", False, "NoCrashes", "no engine is restarting"))
+    if rollout is not None:
+        blocked = rollout.blocked
+        conditions.append(_condition("RolloutBlocked", bool(blocked),
+                                     "InsufficientGPUs" if blocked else "Schedulable",
+                                     blocked or "the new revision's pods can be placed"))
     topology = (plan or {}).get("topology", {})
     if "satisfiable" in topology:
         conditions.append(_condition(
             "TopologySatisfiable", topology["satisfiable"],
             "DomainFits" if topology["satisfiable"] else "NoDomainFits",
             topology.get("problem") or f"a {topology['topologyKey']} domain holds a unit"))
-    crashes = [c for c in role_conditions if c["reason"] == "CrashLoop"]
-    degraded = bool(crashes)
-    conditions.append(_condition("Degraded", degraded, "CrashLoop" if degraded else "NoCrashes",
-                                 crashes[0]["message"] if degraded else "no engine is restarting"))
     serving = [c for c in conditions if c["type"].endswith("Ready")]
     all_ready = all(c["status"] == "True" for c in serving)
     if refusal:
         ready = _condition("Ready", False, "SpecRefused", f"{refusal.message} The children of the "
                            "last accepted spec are left as they are.")
-    elif degraded:
+    elif crashes:
         ready = _condition("Ready", False, "Degraded", crashes[0]["message"])
     elif all_ready:
         ready = _condition("Ready", True, "AllReady", "prefill, decode and router are ready")
@@ -138,12 +154,14 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
         ready = _condition("Ready", False, waiting["reason"], f"{waiting['type']}: "
                            f"{waiting['message']}")
     conditions.append(ready)
-    progressing = not refusal and not all_ready and not degraded
-    conditions.append(_condition("Progressing", progressing,
-                                 "RollingOut" if progressing else "Settled",
-                                 ready["message"] if progressing else "nothing is rolling out"))
-    phase = ("Refused" if refusal else "Degraded" if degraded else "Ready" if all_ready
-             else "Progressing")
+    rolling = rollout is not None and rollout.phase not in ("Steady", "Failed")
+    progressing = not refusal and not degraded and (not all_ready or rolling)
+    conditions.append(_condition(
+        "Progressing", progressing, "RollingOut" if progressing else "Settled",
+        (f"rollout {rollout.phase}: revision {rollout.status.get('to')}" if rolling
+         else ready["message"]) if progressing else "nothing is rolling out"))
+    phase = ("Refused" if refusal else "Degraded" if degraded else
+             "Ready" if all_ready and not rolling else "Progressing")
     _carry_timestamps(conditions, (previous or {}).get("conditions", []), generation)
     status: dict[str, Any] = {
         "observedGeneration": generation, "phase": phase, "conditions": conditions,
@@ -158,6 +176,9 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
             status["maxContextTokens"] = cr["spec"].get("maxContextTokens")
     if endpoint:
         status["endpoint"] = endpoint
+    if rollout is not None:
+        status["rollout"] = rollout.status
+        status["revision"] = rollout.serving
     return status
 
 
@@ -182,8 +203,32 @@ def _carry_timestamps(conditions: list[dict[str, Any]], previous: list[dict[str,
         cond["observedGeneration"] = generation
 
 
+# Top-level status keys the operator writes only sometimes.
+OPTIONAL_KEYS = ("plan", "endpoint", "maxContextTokens", "rollout", "revision")
+
+
 def status_changed(previous: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     """Whether writing `new` would change anything the operator owns."""
     previous = previous or {}
     return any(previous.get(key) != value for key, value in new.items()) or any(
-        key in previous for key in ("plan", "endpoint", "maxContextTokens") if key not in new)
+        key in previous for key in OPTIONAL_KEYS if key not in new)
+
+
+def merge_patch(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns the operator's part of `previous` into `new`: keys
+    that went away are written as null (a merge patch keeps what it does not name)."""
+    previous = previous or {}
+    patch = {key: None for key in OPTIONAL_KEYS if key in previous and key not in new}
+    for key, value in new.items():
+        old = previous.get(key)
+        patch[key] = _nested_patch(old, value) if isinstance(old, dict) and isinstance(
+            value, dict) else value
+    return patch
+
+
+def _nested_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        out[key] = _nested_patch(old[key], value) if isinstance(old.get(key), dict) and \
+            isinstance(value, dict) else value
+    return out

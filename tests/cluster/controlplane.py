@@ -28,12 +28,15 @@ from typing import Any
 
 import yaml
 
+from tests.cluster.kwok_stages import write_stages
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "build-control-plane.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
             "kubectl", "helm")
-KWOK_STAGES = ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-ready.yaml",
-               "pod-complete.yaml", "pod-delete.yaml")
+# Upstream kwok stages; pods become Ready through the project's own (kwok_stages.py).
+KWOK_STAGES = ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-complete.yaml",
+               "pod-delete.yaml")
 
 
 class ControlPlaneError(RuntimeError):
@@ -220,6 +223,8 @@ class ControlPlane:
     """Starts and stops the processes; only those it started are ever signalled."""
 
     nodes: int = 4
+    # How long a pod of kwok_stages.LOAD_IMAGE takes to become Ready (a model load).
+    load_seconds: float = 6.0
     workdir: Path | None = None
     bin_dir: Path | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -364,8 +369,9 @@ class ControlPlane:
             "--concurrent-gc-syncs=20", "--v=1"])
         self._spawn("kube-scheduler", [*auth, f"--secure-port={free_port()}", "--v=1"])
         stages = []
-        for stage in KWOK_STAGES:
-            stages += ["-c", str(self.share_dir / "kwok-stages" / stage)]
+        for stage in [*(self.share_dir / "kwok-stages" / s for s in KWOK_STAGES),
+                      *write_stages(self.workdir / "kwok-stages", self.load_seconds)]:
+            stages += ["-c", str(stage)]
         self._spawn("kwok", [
             f"--kubeconfig={kc}", "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",

@@ -1,4 +1,4 @@
-"""Issue 3: the API server enforces every schema and CEL rule at `kubectl apply` with the
+"""The API server enforces every schema and CEL rule at `kubectl apply` with the
 rule's own message; the planner refuses what only it can judge, without touching what runs."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from longctx_engine import api
+from longctx_engine import api, rules
 from tests.cluster.test_reconcile import condition, wait_ready
-from tests.conftest import example_cr, wait_for
+from tests.engine.test_rules import CASES, expected_message
+from tests.conftest import example_cr, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -23,41 +24,38 @@ def set_path(cr: dict, path: str, value) -> None:
     node[keys[-1]] = value
 
 
-# (what is set, the words of the rule's message that must reach the user)
-BAD = [
-    ({"model.source": {"pvc": {"claimName": "m"}, "huggingFace": {}}},
-     "set exactly one of spec.model.source.pvc and spec.model.source.huggingFace"),
-    ({"model.architecture": {"layers": 4, "attentionHeads": 8, "kvLoraRank": 512,
-                             "qkRopeHeadDim": 64}},
-     "set exactly one of spec.model.preset"),
-    ({"engine.speculative": {"method": "mtp", "draftTokens": 0}},
-     "draftTokens must be at least 1"),
-    ({"prefill.contextParallel": {"prefill": 8, "decode": 8, "commBackend": "a2a"}},
-     "commBackend must be ag_rs"),
-    ({"prefill.contextParallel": {"prefill": 8, "decode": 4}},
-     "decode context parallelism must equal prefill context parallelism"),
-    ({"prefill.contextParallel": {"prefill": 3, "decode": 1}}, "prefill must be a power of two"),
-    ({"decode.pipelineParallel": 3, "decode.hiSparse": {"enabled": False}},
-     "must divide gpusPerPod"),
-    ({"decode.dataParallel": 4}, "dataParallel must be a multiple of the ranks one pod holds"),
-    ({"decode.contextParallel": {"prefill": 1, "decode": 2}, "decode.hiSparse": {"enabled": False}},
-     "must not exceed tensorParallel x contextParallel.prefill"),
-    ({"decode.contextParallel": {"prefill": 2, "decode": 2}},
-     "HiSparse cannot run with decode context parallelism"),
-    ({"decode.pipelineParallel": 2}, "HiSparse cannot run with pipeline parallelism"),
-    ({"prefill.tensorParallel": 2}, "spec.prefill.tensorParallel must be 1"),
-    ({"decode.cpuOffloadPerRank": "16 gigs"}, "spec.decode.cpuOffloadPerRank"),
-]
+def seed_cr(name: str, edit) -> dict:
+    """The example CR with the seed's decode pools and one case's edit, as
+    tests.engine.test_rules builds its spec."""
+    cr = example_cr(name)
+    cr["spec"]["decode"]["hiSparse"]["hostPoolPerRank"] = "48Gi"
+    cr["spec"]["decode"]["cpuOffloadPerRank"] = "16Gi"
+    edit(cr["spec"])
+    return cr
 
 
-@pytest.mark.parametrize("changes, message", BAD, ids=[m[:40] for _, m in BAD])
-def test_each_rule_rejects_its_bad_case_with_its_message(cluster, namespace, changes, message):
-    cr = example_cr("bad")
-    for path, value in changes.items():
-        set_path(cr, path, value)
-    proc = cluster.apply(cr, namespace)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_rule_rejects_its_bad_case_with_the_offline_message(cluster, namespace, case):
+    """The same rule, the same case, the same words as `longctx plan` offline."""
+    proc = cluster.apply(seed_cr("bad", case[1]), namespace, "--dry-run=server")
     assert proc.returncode != 0, "the API server accepted an invalid spec"
+    path, _, message = expected_message(case).partition(": ")
+    assert f"{path}: Invalid value" in proc.stderr, proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+def test_schema_rejects_a_malformed_quantity(cluster, namespace):
+    cr = example_cr("bad")
+    set_path(cr, "decode.cpuOffloadPerRank", "16 gigs")
+    proc = cluster.apply(cr, namespace, "--dry-run=server")
+    assert proc.returncode != 0 and "spec.decode.cpuOffloadPerRank" in proc.stderr, proc.stderr
+
+
+def test_name_rule_rejects_a_long_name_with_the_offline_message(cluster, namespace):
+    name = "n" * (api.MAX_NAME_LENGTH + 1)
+    proc = cluster.apply(example_cr(name), namespace, "--dry-run=server")
+    assert proc.returncode != 0
+    assert rules.name_problem(name) in proc.stderr, proc.stderr
     assert cluster.get("lcd", "bad", namespace) is None
 
 
@@ -65,12 +63,6 @@ def test_the_example_itself_is_accepted(cluster, namespace):
     proc = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f",
                            "examples/glm-5.3-1m.yaml")
     assert proc.returncode == 0, proc.stderr
-
-
-def test_names_too_long_for_derived_objects_are_rejected(cluster, namespace):
-    cr = example_cr("x" * (api.MAX_NAME_LENGTH + 1))
-    proc = cluster.apply(cr, namespace)
-    assert proc.returncode != 0 and "at most" in proc.stderr and "63-character" in proc.stderr
 
 
 @pytest.mark.parametrize("path, value", [("model.name", "other/model"),
@@ -88,7 +80,7 @@ def test_fields_the_nixl_handshake_depends_on_are_immutable(cluster, namespace, 
 def test_planner_refusal_rolls_out_nothing_and_correction_recovers(cluster, operator, namespace):
     assert cluster.apply(example_cr(), namespace).returncode == 0
     wait_ready(cluster, namespace)
-    before = {role: cluster.get("statefulset", f"glm-{role}", namespace)["metadata"]
+    before = {role: cluster.get("statefulset", sts_name(example_cr(), role), namespace)["metadata"]
               for role in ("prefill", "decode")}
 
     # PCP8 alone replicates the 1M-token KV on every GPU: it cannot fit.
@@ -102,7 +94,7 @@ def test_planner_refusal_rolls_out_nothing_and_correction_recovers(cluster, oper
     status = cluster.get("lcd", "glm", namespace)["status"]
     assert status["phase"] == "Refused"
     for role in ("prefill", "decode"):
-        meta = cluster.get("statefulset", f"glm-{role}", namespace)["metadata"]
+        meta = cluster.get("statefulset", sts_name(example_cr(), role), namespace)["metadata"]
         assert (meta["generation"], meta["resourceVersion"]) == (
             before[role]["generation"], before[role]["resourceVersion"]), f"{role} was touched"
     events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)

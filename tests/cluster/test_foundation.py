@@ -1,11 +1,11 @@
-"""Issue 2: a CR on the real control plane becomes owned StatefulSets and Services whose
+"""A CR on the real control plane becomes owned StatefulSets and Services whose
 pods run on simulated H200 nodes; the API server itself rejects invalid CRs."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import example_cr, wait_for
+from tests.conftest import example_cr, revision_of, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -26,8 +26,8 @@ def test_cr_becomes_running_statefulsets_and_is_garbage_collected(cluster, opera
     uid = lcd["metadata"]["uid"]
 
     for role in ("prefill", "decode"):
-        sts = wait_for(lambda: cluster.get("statefulset", f"glm-{role}", namespace), 60,
-                       f"StatefulSet glm-{role}")
+        sts = wait_for(lambda: cluster.get("statefulset", sts_name(cr, role), namespace), 60,
+                       f"StatefulSet {sts_name(cr, role)}")
         svc = cluster.get("service", f"glm-{role}", namespace)
         assert svc["spec"]["clusterIP"] == "None"
         for obj in (sts, svc):
@@ -61,8 +61,9 @@ def test_cr_becomes_running_statefulsets_and_is_garbage_collected(cluster, opera
     cluster.kubectl("delete", "lcd", "glm", "-n", namespace)
 
     def all_gone():
-        left = [k for k in ("statefulset/glm-prefill", "statefulset/glm-decode",
-                            "service/glm-prefill", "service/glm-decode", "configmap/glm-engine")
+        left = [k for k in (f"statefulset/{sts_name(cr, 'prefill')}",
+                            f"statefulset/{sts_name(cr, 'decode')}", "service/glm-prefill",
+                            "service/glm-decode", f"configmap/glm-engine-{revision_of(cr)}")
                 if cluster.kubectl("get", k, "-n", namespace, check=False).returncode == 0]
         return not left or None
 

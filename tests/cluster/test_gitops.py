@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLE, example_cr, wait_for
+from tests.conftest import EXAMPLE, example_cr, sts_name, wait_for
 from tests.test_argocd_health import argocd_health
 
 pytestmark = pytest.mark.cluster
@@ -66,7 +66,8 @@ def test_health_follows_the_operator_from_apply_to_ready_to_crash_loop(cluster, 
     wait_for(phase_is(cluster, "glm", namespace, "Ready"), 180, "Ready at 2 prefill pods")
 
     # A crash loop (kwok runs no containers: the kubelet's report is written by hand).
-    pod = cluster.get("pod", "glm-decode-0", namespace)
+    decode_pod = f"{sts_name(example_cr('glm', prefill__replicas=2), 'decode')}-0"
+    pod = cluster.get("pod", decode_pod, namespace)
     container = pod["spec"]["containers"][0]
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     crash = {"status": {"containerStatuses": [{
@@ -78,7 +79,7 @@ def test_health_follows_the_operator_from_apply_to_ready_to_crash_loop(cluster, 
                                      "message": "RuntimeError: not enough /dev/shm for the "
                                                 "CPU offload", "startedAt": now,
                                      "finishedAt": now}}}]}}
-    cluster.kubectl("patch", "pod", "glm-decode-0", "-n", namespace, "--subresource=status",
+    cluster.kubectl("patch", "pod", decode_pod, "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps(crash))
     degraded = wait_for(phase_is(cluster, "glm", namespace, "Degraded"), 60, "phase Degraded")
     hs = health_of(degraded)
@@ -96,7 +97,7 @@ def test_refused_spec_is_degraded_with_the_planners_reason(cluster, operator, na
     assert hs["message"].startswith(conds["CapacityPlanned"]["reason"] + ": "), hs
     assert "16777216" in hs["message"], hs
     # Nothing was rolled out for the refused spec.
-    assert cluster.get("statefulset", "huge-prefill", namespace) is None
+    assert not cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=huge")
 
 
 def test_too_few_gpus_is_progressing(cluster, operator, namespace):

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port
-from tests.conftest import REPO, example_cr, wait_for
+from tests.conftest import REPO, example_cr, revision_of, sts_name, wait_for
 from tests.helm.chart import CHART
 
 pytestmark = pytest.mark.cluster
@@ -207,10 +207,14 @@ def test_chart_rbac_is_enough_to_reach_ready(cluster, namespace, release, tmp_pa
         assert status["prefill"]["readyReplicas"] == 1 and status["decode"]["readyReplicas"] == 1
         # Every child the operator makes, including the picker's Role and RoleBinding (which
         # it may only create because it holds every permission they grant).
-        for kind, name in (("statefulset", "glm-prefill"), ("statefulset", "glm-decode"),
-                           ("configmap", "glm-engine"), ("deployment", "glm-epp"),
+        cr = example_cr()
+        for kind, name in (("statefulset", sts_name(cr, "prefill")),
+                           ("statefulset", sts_name(cr, "decode")),
+                           ("configmap", f"glm-engine-{revision_of(cr)}"),
+                           ("deployment", "glm-epp"),
                            ("role", "glm-epp"), ("rolebinding", "glm-epp"),
-                           ("inferencepool", "glm"), ("poddisruptionbudget", "glm-decode")):
+                           ("inferencepool", "glm"),
+                           ("poddisruptionbudget", sts_name(cr, "decode"))):
             obj = cluster.get(kind, name, namespace)
             assert obj is not None, f"{kind}/{name} missing"
         assert "longctx" in op.metrics()
@@ -293,7 +297,8 @@ def test_removing_one_verb_fails_with_a_clear_403(cluster, namespace, release, t
         time.sleep(5)
         assert not is_ready(cluster, "glm", namespace)
         if resource == "statefulsets":
-            assert cluster.get("statefulset", "glm-prefill", namespace) is None
+            assert cluster.get("statefulset", sts_name(example_cr(), "prefill"),
+                               namespace) is None
 
         # Give the verb back (as the chart has it): the same operator now gets there.
         for key in ("resourceVersion", "managedFields", "uid", "creationTimestamp"):
@@ -302,7 +307,7 @@ def test_removing_one_verb_fails_with_a_clear_403(cluster, namespace, release, t
                         "--field-manager=rbac-test", "-f", "-", input=json.dumps(original))
         wait_for(lambda: can_i(cluster, kubeconfig, *can), 30, f"{verb} {resource} restored")
         # A failed event handler is not retried by Kopf: a new event (here an annotation
-        # on the CR) triggers the next reconcile. See the report on issue 7.
+        # on the CR) triggers the next reconcile.
         cluster.kubectl("annotate", "lcd", "glm", "-n", namespace, "--overwrite",
                         f"test.longctx.dev/nudge={uuid.uuid4().hex[:6]}")
         wait_for(lambda: is_ready(cluster, "glm", namespace), 180,

@@ -1,4 +1,4 @@
-"""Issue 5: level-based reconcile on the real control plane: the full object graph,
+"""Level-based reconcile on the real control plane: the full object graph,
 scheduling on H200 nodes, drift repair, recreation, no churn, crash loops, Pending pods."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import example_cr, wait_for
+from tests.conftest import example_cr, revision_of, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -55,13 +55,14 @@ def test_full_object_graph_of_the_example(cluster, operator, namespace):
 def test_drift_is_repaired_and_a_deleted_child_is_recreated(cluster, operator, namespace):
     assert cluster.apply(example_cr(), namespace).returncode == 0
     wait_ready(cluster, namespace)
-    sts = cluster.get("statefulset", "glm-prefill", namespace)
+    prefill = sts_name(example_cr(), "prefill")
+    sts = cluster.get("statefulset", prefill, namespace)
     original = sts["spec"]["template"]["spec"]["containers"][0]["command"]
     patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/command/3",
               "value": "decode"}]
-    cluster.kubectl("patch", "statefulset", "glm-prefill", "-n", namespace, "--type=json",
+    cluster.kubectl("patch", "statefulset", prefill, "-n", namespace, "--type=json",
                     "-p", json.dumps(patch))
-    wait_for(lambda: cluster.get("statefulset", "glm-prefill", namespace)["spec"]["template"]
+    wait_for(lambda: cluster.get("statefulset", prefill, namespace)["spec"]["template"]
              ["spec"]["containers"][0]["command"] == original, 30, "the command restored")
 
     uid = cluster.get("service", "glm-decode", namespace)["metadata"]["uid"]
@@ -114,7 +115,7 @@ def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):
 def test_crash_looping_engine_turns_the_cr_degraded(cluster, operator, namespace):
     assert cluster.apply(example_cr(), namespace).returncode == 0
     wait_ready(cluster, namespace)
-    pod = "glm-decode-0"
+    pod = f"{sts_name(example_cr(), 'decode')}-0"
     crash = {"status": {"containerStatuses": [{
         "name": "engine", "ready": False, "restartCount": 6, "image": "x", "imageID": "",
         "started": False,

@@ -1,4 +1,4 @@
-"""Issue 5: stopping and restarting the operator converges with no duplicate or orphaned
+"""Stopping and restarting the operator converges with no duplicate or orphaned
 objects, and a fresh operator's full relist (a resync of everything) writes nothing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from longctx_engine import api
 from longctx_engine.roles import serving_plan
 from longctx_operator.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
-from tests.conftest import example_cr, kopf_settings, wait_for
+from tests.conftest import example_cr, kopf_settings, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 ARGS = ["run", "--all-namespaces", "--standalone", "-m", "longctx_operator.main"]
@@ -41,7 +41,8 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(cluster, na
     assert set(final) == expected, set(final) ^ expected
     assert sorted(p["metadata"]["name"] for p in pods
                   if p["metadata"]["labels"].get("app.kubernetes.io/component") in
-                  ("prefill", "decode")) == ["restart-decode-0", "restart-prefill-0"]
+                  ("prefill", "decode")) == [f"{sts_name(cr, role)}-0" for role in ("decode",
+                                                                                  "prefill")]
 
 
 def test_a_fresh_operator_relisting_everything_writes_nothing(cluster, namespace):

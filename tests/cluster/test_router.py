@@ -1,4 +1,4 @@
-"""Issue 6: the llm-d router on the real control plane.
+"""The llm-d router on the real control plane.
 
 A CR becomes an InferencePool, the endpoint picker's Deployment, Service, ConfigMap,
 ServiceAccount, Role and RoleBinding, and a decode routing sidecar, all owned by the CR and
@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port
-from tests.conftest import REPO, example_cr, wait_for
+from tests.conftest import REPO, example_cr, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -68,7 +68,8 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
     # The pool selects exactly the serving pods of this engine version: every engine pod.
     query = ",".join(f"{k}={v}" for k, v in selector.items())
     wait_for(lambda: sorted(p["metadata"]["name"] for p in cluster.list("pods", namespace, query))
-             == ["glm-decode-0", "glm-prefill-0"], 60, "both engine pods selected by the pool")
+             == [f"{sts_name(example_cr(), r)}-0" for r in ("decode", "prefill")], 60,
+             "both engine pods selected by the pool")
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == list(range(8000, 8008))
     ref = pool["spec"]["endpointPickerRef"]
     assert (ref["kind"], ref["name"], ref["port"]["number"], ref["failureMode"]) == (
@@ -101,8 +102,9 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
     assert verbs == {"get", "list", "watch"}
 
     # The decode pods' routing sidecar: native sidecar, 8 rank ports, forwarding to 8200+.
-    sts = wait_for(lambda: cluster.get("statefulset", "glm-decode", namespace), 60,
-                   "StatefulSet glm-decode")
+    decode = sts_name(example_cr(), "decode")
+    sts = wait_for(lambda: cluster.get("statefulset", decode, namespace), 60,
+                   f"StatefulSet {decode}")
     init = {c["name"]: c for c in sts["spec"]["template"]["spec"].get("initContainers", [])}
     sidecar = init["routing-proxy"]
     assert sidecar["restartPolicy"] == "Always"
@@ -134,8 +136,8 @@ def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, name
     _apply_and_wait(cluster, namespace, cr)
     plan = serving_plan(api.load_spec(cr["spec"]))
     for role in ("prefill", "decode"):
-        sts = wait_for(lambda: cluster.get("statefulset", f"glm-{role}", namespace), 60,
-                       f"StatefulSet glm-{role}")
+        sts = wait_for(lambda: cluster.get("statefulset", sts_name(cr, role), namespace), 60,
+                       f"StatefulSet {sts_name(cr, role)}")
         annotations = sts["spec"]["template"]["metadata"].get("annotations") or {}
         assert annotations[contract.ACTIVE_PORTS_ANNOTATION] == \
             router.pod_annotations(plan.role(role))[contract.ACTIVE_PORTS_ANNOTATION]
@@ -386,8 +388,8 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
             endpoints = wait_for(dumped, 60, "the picker's datastore dump of the three pods",
                                  interval=1)
         assert "forbidden" not in binary_log.read_text().lower()
-        assert endpoints["glm-prefill-0"] == set(router.serving_ports(spec, "prefill")) == {8000}
-        assert endpoints["glm-decode-0"] == set(router.serving_ports(spec, "decode")) == \
+        assert endpoints["glm-prefill-0"] == set(plan.prefill.ports.serving) == {8000}
+        assert endpoints["glm-decode-0"] == set(plan.decode.ports.serving) == \
             set(range(8000, 8008))
         assert endpoints["glm-unannotated-0"] == set(range(8000, 8008))  # why the annotation
     finally:

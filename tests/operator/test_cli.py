@@ -50,7 +50,8 @@ def test_render_prints_the_whole_graph_as_plain_manifests():
     assert {"StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "InferencePool",
             "Deployment", "Role", "RoleBinding", "ServiceAccount"} <= kinds
     assert all("ownerReferences" not in d["metadata"] for d in docs)
-    engine = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "glm-engine")
+    engine = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"].startswith("glm-engine-"))
     assert "engine.yaml" in engine["data"]
 
 
@@ -60,6 +61,11 @@ def test_bad_spec_names_the_field():
     out = longctx("render", "-f", "-", stdin=yaml.safe_dump(cr))
     assert out.returncode == 2
     assert "spec.decode" in out.stderr and "replicaz" in out.stderr
+
+
+def test_render_writes_no_yaml_aliases():
+    out = longctx("render", "-f", str(EXAMPLE))
+    assert "&id" not in out.stdout and "*id" not in out.stdout
 
 
 def test_crd_command_prints_the_committed_crd():

@@ -11,7 +11,8 @@ import yaml
 from longctx_engine.api import load_spec
 from longctx_engine.quantity import parse_bytes
 from longctx_engine.roles import role_plan, serving_plan
-from longctx_operator.builders.engine import engine_objects, pod_monitor
+from longctx_operator.builders.engine import (pod_monitor, revision_objects,
+                                              shared_engine_objects)
 
 REPO = Path(__file__).resolve().parents[2]
 CR = {**yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())}
@@ -19,8 +20,11 @@ CR["metadata"] = {"name": "glm", "namespace": "ml", "uid": "u-1"}
 
 
 def objects(cr=CR):
+    """The engine objects by kind and name, the revision suffix left out of the names."""
     plan = serving_plan(load_spec(cr["spec"]))
-    return {(o["kind"], o["metadata"]["name"]): o for o in engine_objects(cr, plan)}
+    objs = revision_objects(cr, plan) + shared_engine_objects(cr, plan)
+    return {(o["kind"], o["metadata"]["name"].removesuffix(f"-{plan.revision}")): o
+            for o in objs}
 
 
 def pod(objs, role):
@@ -142,6 +146,22 @@ def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
     new_pods, new_pool = keys(upgraded)
     # A new engine version: the pool stops selecting old pods, so old and new never pair.
     assert new_pool != pool and new_pods == {new_pool}
-    # The StatefulSet selector (immutable) does not include it.
+    # A new revision is new StatefulSets: the key is in their names and (immutable)
+    # selectors, so two revisions never select each other's pods.
     sts = objects(upgraded)[("StatefulSet", "glm-prefill")]
-    assert PAIRING_LABEL not in sts["spec"]["selector"]["matchLabels"]
+    assert sts["spec"]["selector"]["matchLabels"][PAIRING_LABEL] == new_pool
+    assert sts["metadata"]["name"] == f"glm-prefill-{new_pool}"
+
+
+def test_a_decode_only_edit_changes_only_the_decode_pods():
+    cr = copy.deepcopy(CR)
+    cr["spec"].setdefault("engine", {}).setdefault("extraArgs", {})["decode"] = [
+        "--max-num-seqs", "32"]
+    before, after = objects(), objects(cr)
+
+    def digest(objs, role):
+        return objs[("StatefulSet", f"glm-{role}")]["spec"]["template"]["metadata"][
+            "annotations"]["longctx.dev/engine-config"]
+    assert digest(before, "prefill") == digest(after, "prefill")
+    assert digest(before, "decode") != digest(after, "decode")
+    assert before[("StatefulSet", "glm-prefill")] == after[("StatefulSet", "glm-prefill")]

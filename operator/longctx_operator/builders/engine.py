@@ -1,13 +1,16 @@
-"""Pure builders: the per-role plans of a spec -> each role's engine objects (StatefulSet,
-headless Service, PodDisruptionBudget) and the engine ConfigMap."""
+"""Pure builders: the per-role plans of a spec -> the objects of its revision (each role's
+StatefulSet and PodDisruptionBudget, the engine ConfigMap) and the role's headless Service,
+which every revision shares."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from longctx_engine import contract
 from longctx_engine.engine_config import render_engine_config
 from longctx_engine.quantity import format_bytes
+from longctx_engine.identity import PodIdentity
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -20,17 +23,18 @@ PROBE_PERIOD_SECONDS = 10
 CPU_PER_GPU = 12
 
 
-def _meta(cr: dict[str, Any], name: str, component: str) -> dict[str, Any]:
+def _meta(cr: dict[str, Any], name: str, component: str,
+          revision: str | None = None) -> dict[str, Any]:
     return {"name": name, "namespace": cr["metadata"]["namespace"],
-            "labels": contract.labels(cr["metadata"]["name"], component),
+            "labels": contract.labels(cr["metadata"]["name"], component, revision),
             "ownerReferences": [contract.owner_reference(cr)]}
 
 
 def engine_configmap(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
     meta = cr["metadata"]
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(cr, contract.engine_configmap(meta["name"]),
-                              contract.ENGINE_CONFIG_COMPONENT),
+            "metadata": _meta(cr, contract.engine_configmap(meta["name"], plan.revision),
+                              contract.ENGINE_CONFIG_COMPONENT, plan.revision),
             "data": {contract.CONFIG_KEY: render_engine_config(meta["name"], meta["namespace"],
                                                                plan.spec)}}
 
@@ -55,9 +59,11 @@ def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     name = cr["metadata"]["name"]
     return {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": _meta(cr, contract.pdb(name, role.role), role.role),
+        "metadata": _meta(cr, contract.pdb(name, role.role, role.revision), role.role,
+                          role.revision),
         "spec": {"maxUnavailable": 1,
-                 "selector": {"matchLabels": contract.selector_labels(name, role.role)},
+                 "selector": {"matchLabels": contract.selector_labels(name, role.role,
+                                                                      role.revision)},
                  # A crash-looping engine must not block a node drain.
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
@@ -111,7 +117,8 @@ def _resources(role: RolePlan) -> dict[str, Any]:
 
 def _volumes(cr_name: str, role: RolePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes = [
-        {"name": "engine-config", "configMap": {"name": contract.engine_configmap(cr_name)}},
+        {"name": "engine-config",
+         "configMap": {"name": contract.engine_configmap(cr_name, role.revision)}},
         # The CPU KV offload lives in /dev/shm; size it for every rank's cpu_bytes_to_use.
         {"name": "dshm", "emptyDir": {"medium": "Memory",
                                       "sizeLimit": format_bytes(role.memory.shm)}},
@@ -149,12 +156,19 @@ def _affinity(cr_name: str, role: RolePlan) -> dict[str, Any]:
     return out
 
 
-def config_digest(configmap: dict[str, Any]) -> str:
-    """Changes whenever the engine config changes, so the pods roll."""
-    return content_digest(configmap["data"][contract.CONFIG_KEY])[:16]
+def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
+    """Changes whenever what the role's engine reads from the shared config changes (its
+    command, the preflight switch), so an edit of one role restarts only that role's pods."""
+    name = contract.statefulset(cr["metadata"]["name"], role.role, role.revision)
+    command = role.command(PodIdentity.first(cr["metadata"]["name"],
+                                             cr["metadata"]["namespace"], name))
+    return content_digest(json.dumps({"argv": command.argv, "env": command.env,
+                                      "workdir": command.workdir, "links": command.symlinks,
+                                      "preflight": role.spec.engine.preflight},
+                                     sort_keys=True))[:16]
 
 
-def statefulset(cr: dict[str, Any], role: RolePlan, digest: str) -> dict[str, Any]:
+def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     spec = role.spec
     volumes, mounts = _volumes(cr_name, role)
@@ -184,7 +198,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan, digest: str) -> dict[str, An
         pod_spec["nodeSelector"] = dict(spec.placement.nodeSelector)
     if spec.placement.priorityClassName:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
-    annotations = {contract.ENGINE_CONFIG_ANNOTATION: digest}
+    annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
     if spec.router.enabled:
         # The picker offers only the ports this pod serves (one per rank).
         annotations.update(pod_annotations(role))
@@ -192,13 +206,16 @@ def statefulset(cr: dict[str, Any], role: RolePlan, digest: str) -> dict[str, An
             pod_spec["initContainers"] = [routing_sidecar(role)]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _meta(cr, contract.statefulset(cr_name, role.role), role.role),
+        "metadata": _meta(cr, contract.statefulset(cr_name, role.role, role.revision),
+                          role.role, role.revision),
         "spec": {
             "replicas": role.replicas,
             "serviceName": contract.headless_service(cr_name, role.role),
             "podManagementPolicy": "Parallel",
+            # In place (same revision): one pod at a time, within the PDB.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "selector": {"matchLabels": contract.selector_labels(cr_name, role.role)},
+            "selector": {"matchLabels": contract.selector_labels(cr_name, role.role,
+                                                                 role.revision)},
             "template": {
                 "metadata": {"labels": contract.labels(cr_name, role.role, role.pairing_key),
                              "annotations": annotations},
@@ -208,14 +225,17 @@ def statefulset(cr: dict[str, Any], role: RolePlan, digest: str) -> dict[str, An
     }
 
 
-def engine_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
-    configmap = engine_configmap(cr, plan)
-    digest = config_digest(configmap)
-    objects = [configmap]
+def revision_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
+    """The objects of the plan's revision: its config, then each role's pods and PDB."""
+    objects = [engine_configmap(cr, plan)]
     for role in plan.roles:
-        objects += [headless_service(cr, role), statefulset(cr, role, digest),
-                    pod_disruption_budget(cr, role)]
+        objects += [statefulset(cr, role), pod_disruption_budget(cr, role)]
     return objects
+
+
+def shared_engine_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
+    """What every revision shares: each role's headless Service (pod DNS of all revisions)."""
+    return [headless_service(cr, role) for role in plan.roles]
 
 
 def pod_monitor(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:

@@ -157,15 +157,16 @@ def picker_args(cr_name: str, namespace: str) -> list[str]:
     ]
 
 
-def inference_pool(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
+def inference_pool(cr: dict[str, Any], plan: ServingPlan, serving: str) -> dict[str, Any]:
+    """The pool of the serving revision: only pods whose engines can complete a NIXL
+    handshake with each other, so no request is prefilled by one revision and decoded by
+    another; a rollout switches it to the new revision in one write."""
     cr_name = cr["metadata"]["name"]
     return {
         "apiVersion": POOL_API_VERSION, "kind": "InferencePool",
         "metadata": _meta(cr, contract.inference_pool(cr_name)),
         "spec": {
-            # Only pods whose engines can complete a NIXL handshake with each other.
-            "selector": {"matchLabels": contract.serving_selector(cr_name,
-                                                                  plan.prefill.pairing_key)},
+            "selector": {"matchLabels": contract.serving_selector(cr_name, serving)},
             "targetPorts": [{"number": p} for p in plan.pool_target_ports],
             "appProtocol": "http",
             "endpointPickerRef": {
@@ -320,15 +321,17 @@ def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict
     }
 
 
-def router_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
-    """Every router object of a CR (owner reference and router labels on each); [] when
-    spec.router.enabled is false."""
+def router_objects(cr: dict[str, Any], plan: ServingPlan,
+                   serving: str | None = None) -> list[dict[str, Any]]:
+    """Every router object of a CR (owner reference and router labels on each), the pool
+    selecting the `serving` revision (default: the plan's); [] when spec.router.enabled is
+    false."""
     spec = plan.spec
     if not spec.router.enabled:
         return []
     text = picker_config_text(spec)
     objects = [
-        inference_pool(cr, plan),
+        inference_pool(cr, plan, serving or plan.revision),
         _picker_configmap(cr, text),
         *_picker_rbac(cr),
         _picker_service(cr),
