@@ -42,7 +42,16 @@ def hostile_input() -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"hostile-input": hostile_input}
+def control_plane() -> str:
+    from tests.cluster.test_control_plane_faults import FAULTS
+
+    lines = [_row("fault or input", "cases", "survived", "lost or changed"),
+             _row("---", "---:", "---:", "---")]
+    lines += [_row(fault, cases, cases, lost) for fault, cases, lost in FAULTS]
+    return "\n".join(lines)
+
+
+SECTIONS = {"hostile-input": hostile_input, "control-plane": control_plane}
 
 
 def render(text: str) -> str:
