@@ -149,8 +149,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     # How long a killed leader's peering record blocks the next replica (Kopf: 60 s).
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
-    # How long a killed leader's peering record blocks the next replica (Kopf: 60 s).
-    settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     State.kube = Kube.from_environment()
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
     State.kube.caches = Caches(State.kube, namespaces)
