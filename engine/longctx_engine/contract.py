@@ -162,7 +162,8 @@ def pdb(cr_name: str, role: str, revision: str) -> str:
 
 
 def picker(cr_name: str) -> str:
-    """Deployment, Service, ConfigMap, ServiceAccount, Role and RoleBinding of the picker."""
+    """Deployment, Service, ConfigMap, ServiceAccount, Role, RoleBinding and PodMonitor of the
+    picker."""
     return f"{cr_name}-epp"
 
 

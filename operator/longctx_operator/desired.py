@@ -9,7 +9,7 @@ from longctx_engine.roles import ServingPlan
 
 from .builders.autoscaling import autoscaling_objects
 from .builders.engine import pod_monitor, revision_objects, shared_engine_objects
-from .builders.router import router_objects
+from .builders.router import picker_pod_monitor, router_objects
 
 
 def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: bool,
@@ -25,6 +25,8 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
     objects += shared_engine_objects(cr, plan) + router_objects(cr, plan, serving)
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
         objects.append(pod_monitor(cr, plan))
+        if plan.spec.router.enabled:
+            objects.append(picker_pod_monitor(cr))
     if with_capacity_rules or plan.spec.autoscaling is not None:
         objects += autoscaling_objects(cr, plan, capacity_plan(plan.spec),
                                        with_rules=with_capacity_rules, with_keda=with_keda)

@@ -5,7 +5,7 @@ Objects (see docs/router.md):
 - InferencePool `<cr>` (inference.networking.k8s.io/v1) selecting every serving pod of the CR,
   with one target port per engine rank of a pod (contract.SERVING_BASE_PORT + rank);
 - the endpoint picker ("EPP", llm-d-router `cmd/epp`): ConfigMap, Deployment, Service,
-  ServiceAccount, Role, RoleBinding, all named `<cr>-epp`;
+  ServiceAccount, Role, RoleBinding and (with monitoring) a PodMonitor, all named `<cr>-epp`;
 - an HTTPRoute `<cr>` to a Gateway, only when `spec.router.gateway` is set;
 - the decode pods' routing sidecar (`routing_sidecar`), which the decode workload builder
   puts in `initContainers`.
@@ -41,6 +41,7 @@ PICKER_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
 PICKER_HEALTH_SERVICE = "inference-extension"
 PICKER_CONFIG_DIR = "/config"
 PICKER_CONFIG_FILE = "epp-config.yaml"
+PICKER_METRICS_PORT_NAME = "metrics"
 
 SIDECAR_NAME = "routing-proxy"
 NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar)
@@ -223,7 +224,8 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                              "protocol": "TCP"},
                             {"name": "grpc-health", "containerPort": contract.PICKER_HEALTH_PORT,
                              "protocol": "TCP"},
-                            {"name": "metrics", "containerPort": contract.PICKER_METRICS_PORT,
+                            {"name": PICKER_METRICS_PORT_NAME,
+                             "containerPort": contract.PICKER_METRICS_PORT,
                              "protocol": "TCP"},
                         ],
                         "env": [
@@ -254,6 +256,18 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
     }
 
 
+def picker_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
+    """Scrapes the picker's /metrics (monitoring.coreos.com/v1), plain HTTP without auth
+    (picker_args)."""
+    cr_name = cr["metadata"]["name"]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": _meta(cr, contract.picker(cr_name)),
+        "spec": {"selector": {"matchLabels": contract.selector_labels(cr_name, COMPONENT)},
+                 "podMetricsEndpoints": [{"port": PICKER_METRICS_PORT_NAME, "path": "/metrics"}]},
+    }
+
+
 def _picker_service(cr: dict[str, Any]) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     return {
@@ -266,7 +280,7 @@ def _picker_service(cr: dict[str, Any]) -> dict[str, Any]:
                 {"name": "grpc-ext-proc", "port": contract.PICKER_GRPC_PORT,
                  "targetPort": "grpc", "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
                 {"name": "http-metrics", "port": contract.PICKER_METRICS_PORT,
-                 "targetPort": "metrics", "protocol": "TCP"},
+                 "targetPort": PICKER_METRICS_PORT_NAME, "protocol": "TCP"},
             ],
         },
     }
