@@ -495,6 +495,23 @@ class Monitoring(APIObject):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkPolicy(APIObject):
+    """A NetworkPolicy for the engine pods: their serving ports open only to the endpoint
+    picker and `clients`, the metrics ports to `scrapers`, and everything else (the NIXL
+    side channel and transfer, data-parallel RPC, the decode sidecar's prefill leg) only
+    between the prefill and decode pods of this CR."""
+
+    enabled: bool = api_field("Create the NetworkPolicy (the cluster's CNI must enforce it).",
+                              False)
+    clients: list[Preserved] = api_field(
+        "NetworkPolicyPeers (networking.k8s.io/v1) that may reach the serving ports: the "
+        "Gateway's pods, or the clients when there is no Gateway.", [], max_items=16)
+    scrapers: list[Preserved] = api_field(
+        "NetworkPolicyPeers that may scrape the vLLM metrics ports (the PodMonitor's "
+        "Prometheus).", [], max_items=16)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Capacity(APIObject):
     """Inputs of the capacity planner."""
 
@@ -587,6 +604,8 @@ class LongContextDeploymentSpec(APIObject):
     kvTransfer: KVTransfer = api_field("NIXL KV transfer.", KVTransfer())
     placement: Placement = api_field("Placement of engine pods.", Placement())
     monitoring: Monitoring = api_field("Monitoring.", Monitoring())
+    networkPolicy: NetworkPolicy = api_field("Network isolation of the engine pods.",
+                                             NetworkPolicy())
     replicas: Optional[int] = api_field(
         "P/D units (the CR's /scale: `kubectl scale`, an HPA or KEDA write it). Each unit is "
         "scaling.prefillPerUnit prefill and scaling.decodePerUnit decode pods; while it is "

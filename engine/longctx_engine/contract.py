@@ -70,6 +70,10 @@ CONFIG_KEY = "engine.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 MODEL_MOUNT = "/models"                # where a PVC model source is mounted
 MODEL_LINK_DIR = "/tmp/longctx-model"  # see recipes.EngineCommand.workdir
+# The vLLM image defines no user and runs as any uid once HOME (the HF, Triton, NVRTC and
+# vLLM caches) is writable: an emptyDir at ENGINE_HOME.
+ENGINE_UID = 65532
+ENGINE_HOME = "/home/longctx"
 
 # ---------------------------------------------------------------- labels and annotations
 
@@ -179,6 +183,10 @@ def pod_monitor(cr_name: str) -> str:
     return cr_name
 
 
+def network_policy(cr_name: str) -> str:
+    return f"{cr_name}-engines"
+
+
 def capacity_rule(cr_name: str) -> str:
     """The PrometheusRule recording the decode capacity signal."""
     return f"{cr_name}-capacity"
@@ -235,6 +243,7 @@ KINDS = (
     Kind("v1", "Service", "services", managed=True, watched=True),
     Kind("apps/v1", "StatefulSet", "statefulsets", managed=True, watched=True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", managed=True, watched=True),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", managed=True, watched=True),
     Kind("apps/v1", "Deployment", "deployments", managed=True, watched=True),
     Kind("v1", "ServiceAccount", "serviceaccounts", managed=True, watched=True),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles", managed=True, watched=True),

@@ -9,6 +9,7 @@ from longctx_engine.roles import ServingPlan
 
 from .builders.autoscaling import autoscaling_objects
 from .builders.engine import pod_monitor, revision_objects, shared_engine_objects
+from .builders.network_policy import network_policy
 from .builders.router import picker_pod_monitor, router_objects
 
 
@@ -23,6 +24,8 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
     KEDA ScaledObject `with_keda` (its CRD exists), else an HPA."""
     objects = revision_objects(cr, plan) if with_revision else []
     objects += shared_engine_objects(cr, plan) + router_objects(cr, plan, serving)
+    if plan.spec.networkPolicy.enabled:
+        objects.append(network_policy(cr, plan))
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
         objects.append(pod_monitor(cr, plan))
         if plan.spec.router.enabled:

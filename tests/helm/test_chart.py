@@ -22,7 +22,7 @@ NAMESPACED = {
     ("longctx.dev", "longcontextdeployments/status"): ("patch",),
     ("", "configmaps"): CRUD, ("", "services"): CRUD, ("", "serviceaccounts"): CRUD,
     ("apps", "statefulsets"): CRUD, ("apps", "deployments"): CRUD,
-    ("policy", "poddisruptionbudgets"): CRUD,
+    ("policy", "poddisruptionbudgets"): CRUD, ("networking.k8s.io", "networkpolicies"): CRUD,
     (RBAC, "roles"): CRUD, (RBAC, "rolebindings"): CRUD,
     ("inference.networking.k8s.io", "inferencepools"): CRUD,
     ("gateway.networking.k8s.io", "httproutes"): ("get", "list", "create", "patch", "delete"),

@@ -94,9 +94,29 @@ def _probes(role: RolePlan) -> dict[str, Any]:
     }
 
 
+def pod_security_level(spec: Any) -> str:
+    """The strictest Pod Security Standard an engine pod meets. It meets "restricted"
+    (non-root, no privilege escalation, every capability dropped, RuntimeDefault seccomp,
+    no host namespaces or paths) unless RDMA is on: registering (pinning) host buffers with
+    the RDMA device counts against the memlock limit unless the process holds IPC_LOCK, and
+    neither restricted nor baseline lets a pod add IPC_LOCK."""
+    return "privileged" if spec.kvTransfer.rdma else "restricted"
+
+
+def engine_security_context(role: RolePlan) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if role.spec.kvTransfer.rdma:
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+            "runAsUser": contract.ENGINE_UID, "runAsGroup": contract.ENGINE_UID,
+            "capabilities": capabilities, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def _env(role: RolePlan) -> list[dict[str, Any]]:
     env = [{"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}}
            for key, path in contract.DOWNWARD_ENV]
+    # A uid without a passwd entry: HOME for the caches, USER for torch's getpass.getuser().
+    env += [{"name": "HOME", "value": contract.ENGINE_HOME}, {"name": "USER", "value": "longctx"}]
     hf = role.spec.model.source.huggingFace
     if hf and hf.tokenSecretRef:
         env.append({"name": contract.ENV_HF_TOKEN, "valueFrom": {"secretKeyRef": {
@@ -126,7 +146,7 @@ def _volumes(cr_name: str, role: RolePlan) -> tuple[list[dict[str, Any]], list[d
     ]
     mounts = [{"name": "engine-config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
               {"name": "dshm", "mountPath": "/dev/shm"},
-              {"name": "vllm-cache", "mountPath": "/root/.cache"}]
+              {"name": "vllm-cache", "mountPath": contract.ENGINE_HOME}]
     pvc = role.spec.model.source.pvc
     if pvc:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claimName,
@@ -181,8 +201,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         "ports": container_ports(role),
         "resources": _resources(role),
         "volumeMounts": mounts,
-        # Pinned host buffers (HiSparse pools, NIXL registration) need IPC_LOCK.
-        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+        "securityContext": engine_security_context(role),
         **_probes(role),
     }
     pod_spec: dict[str, Any] = {
