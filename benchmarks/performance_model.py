@@ -52,8 +52,10 @@ def validation(spec: api.LongContextDeploymentSpec, hw: hardware.HardwareProfile
     rows = []
     for context, seed in ((64 * 1024, 6.0), (248 * 1024, 15.0)):
         step = performance.prefill_chunk(shape, prefill_layout, hw, 2048, context)
+        without = performance.prefill_chunk(shape, performance.without_dcp(prefill_layout), hw,
+                                            2048, context)
         rows.append((f"DCP8 overhead, 2K chunk on PCP8, {context // 1024}K cached (%)", seed,
-                     100 * performance.dcp_overhead(step)))
+                     100 * performance.dcp_overhead(step, without)))
     rows.append(("DCP8 overhead growth, 248K / 64K", 15.0 / 6.0, rows[1][2] / rows[0][2]))
     arch = models.resolve_architecture(spec.model)
     for name, heads, seed in (("TP8", 8, 32_768), ("PCP8", 64, 262_144)):

@@ -27,6 +27,14 @@ from .quantity import parse_bytes
 from .schema import Quantity
 
 PREFILL_CHUNK_TOKENS = 8192     # vLLM 0.33's max_num_batched_tokens for `vllm serve` on H200
+# FlashMLA's sparse kernels on Hopper compute whole 64-head tiles (vLLM pads the queries:
+# prefill to a multiple of 64, fp8 decode to 64 or 128).
+FLASHMLA_HEAD_TILE = 64
+# Below this many heads a GPU, vLLM attends prefill rows with the fp8 decode kernel straight
+# from the paged cache; from it, with the bf16 prefill kernel over an upconverted copy.
+MIN_HEADS_FOR_BF16_PREFILL = 32
+LSE_BYTES = 4                   # fp32 log-sum-exp of one head's partial output
+TOPK_CANDIDATE_BYTES = 8        # (score, global id) of one local top-k candidate under DCP
 KERNELS_PER_LAYER = 20          # norms, projections, rope, cache write, indexer, top-k,
                                 # attention, router, dispatch, experts, combine, residuals
 DISPATCH_BYTES = 1              # EP dispatch of fp8 activations
@@ -56,7 +64,7 @@ class Shape:
     moe_layers: int             # layers with routed experts, main model + MTP
     heads: int
     row: int                    # fp8_ds_mla KV row (656 B)
-    row_bf16: int               # the row upconverted to bf16 (1152 B), as PCP/DCP gather it
+    row_bf16: int               # the row upconverted to bf16 (1152 B); also one head's query
     index_row: int              # indexer key (132 B)
     index_flops_per_key: int    # 2 x indexHeads x indexHeadDim
     mla_flops_per_key: int      # 2176 per head
@@ -132,10 +140,12 @@ def _touched_experts(shape: Shape, assignments: float) -> float:
 
 
 def _experts(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile,
-             group_tokens: float, gpu_tokens: float) -> None:
-    """Routed experts of every MoE layer: `group_tokens` tokens over the expert-parallel
-    group, `gpu_tokens` of them held by the GPU priced; its share of the expert GEMMs reads
-    the weights of the local experts the batch touches. Then the EP dispatch and combine."""
+             group_tokens: float) -> None:
+    """Routed experts of every MoE layer for `group_tokens` tokens over the expert-parallel
+    group: the GPU's share of the expert GEMMs reads the weights of the local experts the
+    batch touches. vLLM 0.33's default all2all backend (allgather_reducescatter) then moves
+    every token to every GPU: dispatch all-gathers the fp8-quantized activations, combine
+    reduce-scatters the bf16 expert outputs."""
     split = layout.expert_split
     assignments = group_tokens * shape.experts_per_token
     local = shape.experts / split
@@ -145,9 +155,28 @@ def _experts(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile,
                  local * _touched_experts(shape, assignments) * shape.expert_bytes
                  * shape.moe_layers, hw.eff("hbm"))
     if layout.expertParallel and split > 1:
-        sent = gpu_tokens * shape.experts_per_token * shape.hidden \
-            * (DISPATCH_BYTES + COMBINE_BYTES) * (split - 1) / split
-        costs.link("epAllToAll", hw, sent * shape.moe_layers, 2 * shape.moe_layers)
+        moved = (split - 1) / split * group_tokens * shape.hidden \
+            * (DISPATCH_BYTES + COMBINE_BYTES)
+        costs.link("epAllToAll", hw, moved * shape.moe_layers, 2 * shape.moe_layers)
+
+
+def _padded_heads(heads: float) -> int:
+    return math.ceil(heads / FLASHMLA_HEAD_TILE) * FLASHMLA_HEAD_TILE
+
+
+def _dcp_query_exchange(costs: Costs, shape: Shape, hw: HardwareProfile, query_rows: float,
+                        heads: float, dcp: int, layers: int, index_layers: int) -> None:
+    """DCP with the KV sharded by token (`ag_rs`): per layer, each GPU all-gathers the
+    group's absorbed queries, attends its shard, all-gathers the partial outputs' LSEs and
+    reduce-scatters the rescaled outputs; per indexer layer it all-gathers each rank's local
+    top-k candidates. `heads` are the group's (what each GPU attends after the gather)."""
+    arch_out = shape.qo_bytes_per_head - shape.row_bf16   # bf16 output of one head
+    per_layer = query_rows * (heads / dcp * shape.row_bf16 * (dcp - 1)
+                              + heads * LSE_BYTES * (dcp - 1) / dcp
+                              + heads * arch_out * (dcp - 1) / dcp)
+    candidates = query_rows * (dcp - 1) * shape.top_k * TOPK_CANDIDATE_BYTES
+    costs.link("dcpCombine", hw, per_layer * layers + candidates * index_layers,
+               3 * layers + index_layers)
 
 
 def _tp_all_reduce(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile,
@@ -184,32 +213,56 @@ def prefill_chunk(shape: Shape, layout: Any, hw: HardwareProfile, tokens: int,
         layout.decodeContextParallel
     queries = tokens / pcp
     heads = shape.heads / tp
+    sequence = context + tokens
     # Projections (attention, indexer, shared expert, dense MLPs): replicated under PCP.
     costs.kernel("projections", hw, 2 * shape.replicated_bytes / tp * queries,
                  hw.fp8FlopsPerS, hw.eff("gemm"), shape.replicated_bytes / tp, hw.eff("hbm"))
-    # Sparse MLA at top-k over absorbed projections: linear in the chunk, flat in context.
-    keys = _attended_keys(shape, context, tokens) / pcp
-    costs.kernel("sparseMla", hw, shape.mla_flops_per_key * heads * keys * shape.layers,
-                 hw.bf16FlopsPerS, hw.eff("sparseMlaPrefill"), 0.0, hw.eff("hbm"))
     # Indexer: every query scores every earlier key (the quadratic term). TP replicates it.
     scored = (tokens * context + tokens * (tokens + 1) / 2) / pcp
     costs.kernel("indexer", hw, shape.index_flops_per_key * scored * shape.index_layers,
                  hw.fp8FlopsPerS, hw.eff("indexerPrefill"),
                  2 * 4 * scored * shape.index_layers, hw.eff("hbm"))  # fp32 logits, top-k
-    # The request's tokens go through the whole expert-parallel group; each GPU of its rank
-    # dispatches its share (all of them on a data-parallel rank).
-    _experts(costs, shape, layout, hw, group_tokens=tokens, gpu_tokens=tokens / (tp * pcp))
+    # Sparse MLA at top-k over absorbed projections: linear in the chunk, flat in context.
+    keys = _attended_keys(shape, context, tokens) / pcp
+    gathers_kv = pcp > 1 and dcp > 1
+    if heads < MIN_HEADS_FOR_BF16_PREFILL and not gathers_kv:
+        # The fp8 decode kernel over the paged cache; under DCP (no PCP) each GPU attends
+        # its shard of the top-k for the group's gathered heads, as in decode.
+        group_heads = min(shape.heads, heads * dcp)
+        costs.kernel("sparseMla", hw, shape.mla_flops_per_key * _padded_heads(group_heads)
+                     * keys / dcp * shape.layers, hw.bf16FlopsPerS, hw.eff("sparseMlaDecode"),
+                     keys / dcp * (shape.row + planner.INDEX_BYTES) * shape.layers,
+                     hw.eff("hbm"))
+        if dcp > 1:
+            _dcp_query_exchange(costs, shape, hw, queries, group_heads, dcp,
+                                shape.layers, shape.index_layers)
+    else:
+        costs.kernel("sparseMla", hw, shape.mla_flops_per_key * _padded_heads(heads) * keys
+                     * shape.layers, hw.bf16FlopsPerS, hw.eff("sparseMlaPrefill"), 0.0,
+                     hw.eff("hbm"))
+        # The bf16 kernel reads a workspace: every layer, each GPU upconverts the fp8 rows
+        # of the whole sequence it holds (all of them; its 1/DCP shard under PCP x DCP),
+        # and copies the indexer keys it holds out of the paged cache.
+        held = sequence / dcp if gathers_kv else sequence
+        costs.kernel("kvUpconvert", hw, 0.0, hw.bf16FlopsPerS, 1.0,
+                     held * ((shape.row + shape.row_bf16) * shape.layers
+                            + 2 * shape.index_row * shape.index_layers), hw.eff("hbm"))
+    if gathers_kv:
+        # vLLM's PCP x DCP prefill: every layer all-gathers the bf16 shards into a copy of
+        # the whole sequence (one collective), and every indexer layer the fp8 keys and their
+        # scales (two), then puts the keys back in token order.
+        costs.link("dcpAllGather", hw, (dcp - 1) / dcp * sequence
+                   * (shape.row_bf16 * shape.layers + shape.index_row * shape.index_layers),
+                   shape.layers + 2 * shape.index_layers)
+        costs.kernel("dcpDeinterleave", hw, 0.0, hw.bf16FlopsPerS, 1.0,
+                     2 * sequence * shape.index_row * shape.index_layers, hw.eff("hbm"))
+    # The request's tokens go through the whole expert-parallel group.
+    _experts(costs, shape, layout, hw, group_tokens=tokens)
     _tp_all_reduce(costs, shape, layout, hw, tokens)
     if pcp > 1:   # the chunk's new KV, all-gathered before the cache write
         costs.link("pcpAllGather", hw, (pcp - 1) / pcp * tokens
                    * (shape.row_bf16 * shape.layers + shape.index_row * shape.index_layers),
                    shape.layers + shape.index_layers)
-    if dcp > 1 and context:   # the cached context, gathered whole on every GPU, every layer
-        costs.link("dcpAllGather", hw, (dcp - 1) / dcp * context
-                   * (shape.row_bf16 * shape.layers + shape.index_row * shape.index_layers),
-                   shape.layers + shape.index_layers)
-        costs.kernel("dcpUpconvert", hw, 0.0, hw.bf16FlopsPerS, 1.0,
-                     context / dcp * (shape.row + shape.row_bf16) * shape.layers, hw.eff("hbm"))
     _launches(costs, shape, hw)
     return costs
 
@@ -227,14 +280,17 @@ def prefill(shape: Shape, layout: Any, hw: HardwareProfile, prompt_tokens: int,
     return costs
 
 
-DCP_TERMS = ("dcpAllGather", "dcpUpconvert")
+DCP_TERMS = ("dcpAllGather", "dcpDeinterleave", "dcpCombine")
 
 
-def dcp_overhead(costs: Costs) -> float:
-    """The DCP gather's time over the rest of the step's (the seed's "+6% per step")."""
-    dcp = sum(costs.terms.get(t, 0.0) for t in DCP_TERMS)
-    rest = costs.seconds - dcp
-    return dcp / rest if rest else 0.0
+def without_dcp(layout: Any) -> Any:
+    return dataclasses.replace(layout, decodeContextParallel=1)
+
+
+def dcp_overhead(with_dcp: Costs, without: Costs) -> float:
+    """What DCP adds to the same steps of the same layout without it (the seed's "+6% per
+    step"): its gathers, less the upconvert of the shards other GPUs now hold."""
+    return with_dcp.seconds / without.seconds - 1 if without.seconds else 0.0
 
 
 # ------------------------------------------------------------ KV transfer and decode
@@ -282,9 +338,10 @@ def _decode_pass(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile, b
     costs.kernel("projections", hw, 2 * shape.replicated_bytes * share / tp * tokens,
                  hw.fp8FlopsPerS, hw.eff("gemm"), shape.replicated_bytes * share / tp,
                  hw.eff("hbm"))
-    heads = min(shape.heads, shape.heads // tp * dcp)
+    heads = min(shape.heads, shape.heads // tp * dcp)   # after the DCP query gather
     keys = shape.top_k / dcp
-    costs.kernel("sparseMla", hw, shape.mla_flops_per_key * heads * keys * tokens * layers.layers,
+    costs.kernel("sparseMla", hw, shape.mla_flops_per_key * _padded_heads(heads) * keys
+                 * tokens * layers.layers,
                  hw.bf16FlopsPerS, hw.eff("sparseMlaDecode"),
                  tokens * (keys * (shape.row + planner.INDEX_BYTES)
                            + heads * shape.qo_bytes_per_head) * layers.layers, hw.eff("hbm"))
@@ -294,13 +351,11 @@ def _decode_pass(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile, b
                  (batch * local * shape.index_row + 2 * 4 * local * tokens)
                  * layers.index_layers, hw.eff("indexerDecode"))
     per_gpu = tokens / tp
-    _experts(costs, layers, layout, hw, group_tokens=per_gpu * layout.expert_split,
-             gpu_tokens=per_gpu)
+    _experts(costs, layers, layout, hw, group_tokens=per_gpu * layout.expert_split)
     _tp_all_reduce(costs, layers, layout, hw, tokens)
-    if dcp > 1:   # queries gathered over the DCP group, partial outputs merged (ag_rs)
-        costs.link("dcpCombine", hw, tokens * layers.layers
-                   * (heads / dcp * shape.qo_bytes_per_head * (dcp - 1)
-                      + heads * (2 * 512 + 4) * (dcp - 1) / dcp), 3 * layers.layers)
+    if dcp > 1:
+        _dcp_query_exchange(costs, shape, hw, tokens, heads, dcp, layers.layers,
+                            layers.index_layers)
     costs.kernel("lmHead", hw, 2 * shape.lm_head_bytes / BF16 / tp * tokens, hw.bf16FlopsPerS,
                  hw.eff("gemm"), shape.lm_head_bytes / tp, hw.eff("hbm"))
     _launches(costs, layers, hw)
@@ -375,6 +430,8 @@ def predict(spec: LongContextDeploymentSpec, workload: Workload,
     hw = hardware or H200
     prefill_layout, decode_layout = planner.role_layouts(spec)
     pre = prefill(shape, prefill_layout, hw, workload.prompt_tokens, workload.cached_tokens)
+    pre_without_dcp = prefill(shape, without_dcp(prefill_layout), hw, workload.prompt_tokens,
+                              workload.cached_tokens)
     transfer = kv_transfer_seconds(spec, hw, workload.prompt_tokens)
     step = decode_step(spec, shape, decode_layout, hw, workload.prompt_tokens,
                        workload.concurrency)
@@ -400,7 +457,7 @@ def predict(spec: LongContextDeploymentSpec, workload: Workload,
             "bound": pre.bound,
             "chunkTokens": PREFILL_CHUNK_TOKENS,
             "dcpAllGatherSeconds": round(sum(pre.terms.get(t, 0.0) for t in DCP_TERMS), 4),
-            "dcpOverheadPercent": round(100 * dcp_overhead(pre), 1),
+            "dcpOverheadPercent": round(100 * dcp_overhead(pre, pre_without_dcp), 1),
             "partsSeconds": _rounded(pre.terms),
         },
         "kvTransfer": {"seconds": round(transfer, 4), "bound": "interconnect"},
@@ -414,7 +471,9 @@ def predict(spec: LongContextDeploymentSpec, workload: Workload,
             "bound": step.bound,
             "hostGatherSeconds": round(step.host_gather_seconds, 6),
             "tokensPerSecondPerUser": round(per_user, 2),
-            "tokensPerSecondPerGpu": round(per_request * served / decode_gpus, 2),
+            # A role scaled to zero serves nothing.
+            "tokensPerSecondPerGpu": round(per_request * served / decode_gpus, 2)
+            if decode_gpus else 0.0,
             "partsSeconds": _rounded(step.costs.terms),
         },
     }

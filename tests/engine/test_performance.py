@@ -32,32 +32,71 @@ def layouts(spec):
     return planner.role_layouts(spec)
 
 
-def _without_dcp(layout):
-    return dataclasses.replace(layout, decodeContextParallel=1)
-
-
 def test_shape_is_glm_5_3_with_40b_active_parameters(shape):
     active = shape.replicated_bytes + shape.expert_bytes * shape.experts_per_token * shape.moe_layers
     assert active == pytest.approx(40e9, rel=0.03)   # GLM-5: 40B active of 744B
     assert (shape.layers, shape.index_layers, shape.row, shape.index_row) == (79, 22, 656, 132)
 
 
+def _dcp_overhead(shape, layout, context, chunk=2048):
+    with_dcp = performance.prefill_chunk(shape, layout, H200, chunk, context)
+    without = performance.prefill_chunk(shape, performance.without_dcp(layout), H200, chunk,
+                                        context)
+    return performance.dcp_overhead(with_dcp, without)
+
+
+def test_pcp_dcp_prefill_gathers_the_whole_sequence_as_bf16_every_layer(shape, layouts):
+    """vLLM 0.33's PCP x DCP prefill (flashmla_sparse `_gather_prefill_chunk`, the indexer's
+    `dcp_gather_kv_rows`): each GPU upconverts its 1/8 shard of the sequence and the group
+    all-gathers the 1152-B rows (and the 132-B indexer keys) into a full copy, every layer."""
+    prefill, _ = layouts
+    context, chunk = 64 * K, 2048
+    step = performance.prefill_chunk(shape, prefill, H200, chunk, context)
+    moved = 7 / 8 * (context + chunk) * (1152 * 79 + 132 * 22)
+    collectives = 79 + 2 * 22
+    assert step.terms["dcpAllGather"] == pytest.approx(
+        moved / H200.nvlinkBytesPerS + collectives * H200.collectiveLatencyS)
+    without = performance.prefill_chunk(shape, performance.without_dcp(prefill), H200, chunk,
+                                        context)
+    # Without DCP every GPU upconverts the whole sequence itself: 8x the rows.
+    assert without.terms["kvUpconvert"] == pytest.approx(8 * step.terms["kvUpconvert"])
+    assert "dcpAllGather" not in without.terms
+
+
 def test_dcp8_overhead_grows_with_the_cached_context_as_the_seed_says(shape, layouts):
     """The seed: a 2K-token chunk on PCP8 pays ~6% for DCP8 up to 64K cached tokens and ~15%
-    at 248K. The model prices vLLM's bf16 gather of the whole context per layer; its growth
-    from 64K to 248K is the seed's within 40% (the absolute gap: docs/performance.md)."""
+    at 248K. The model reaches the short end (8K) and the growth from 64K to 248K within the
+    issue's 40%; at 64K and 248K themselves it does not (33% and 96%: the gather is
+    bandwidth, the roofline step too short; docs/performance.md)."""
     prefill, _ = layouts
-
-    def overhead(context):
-        with_dcp = performance.prefill_chunk(shape, prefill, H200, 2048, context)
-        without = performance.prefill_chunk(shape, _without_dcp(prefill), H200, 2048, context)
-        assert performance.dcp_overhead(with_dcp) == pytest.approx(
-            with_dcp.seconds / without.seconds - 1, rel=0.05)
-        return performance.dcp_overhead(with_dcp)
-
-    at_64k, at_248k = overhead(64 * K), overhead(248 * K)
-    assert 0 < at_64k < at_248k
+    at_8k, at_64k, at_248k = (_dcp_overhead(shape, prefill, c * K) for c in (8, 64, 248))
+    assert at_8k == pytest.approx(0.06, rel=0.4)
+    assert at_8k < at_64k < at_248k
     assert at_248k / at_64k == pytest.approx(15 / 6, rel=0.4)
+
+
+def test_the_seeds_dcp8_overhead_at_64k_needs_a_step_beyond_the_roofline(shape, layouts):
+    """Even at NVLink's 450 GB/s datasheet peak a GPU receives, vLLM's gather of a 64K
+    context is more than 6% of the modelled PCP8 step: the seed's step must be longer than a
+    roofline (what docs/performance.md says is not modelled)."""
+    prefill, _ = layouts
+    peak = dataclasses.replace(H200, nvlinkBytesPerS=450e9)
+    with_dcp = performance.prefill_chunk(shape, prefill, peak, 2048, 64 * K)
+    without = performance.prefill_chunk(shape, performance.without_dcp(prefill), peak, 2048,
+                                        64 * K)
+    assert performance.dcp_overhead(with_dcp, without) > 1.4 * 0.06
+
+
+def test_dcp_decode_moves_queries_and_partial_outputs_not_the_kv(spec, shape):
+    """DCP decode (`ag_rs`) keeps the KV sharded: what crosses the link is the queries, the
+    partial outputs with their LSE, and the indexer's local top-k candidates, so it does not
+    grow with the context."""
+    layout = dataclasses.replace(planner.role_layouts(spec)[1], tensorParallel=8,
+                                 decodeContextParallel=8, dataParallel=1)
+    short = performance.decode_step(spec, shape, layout, H200, 64 * K, 8)
+    long = performance.decode_step(spec, shape, layout, H200, ONE_M, 8)
+    assert short.costs.terms["dcpCombine"] == long.costs.terms["dcpCombine"] > 0
+    assert "dcpAllGather" not in long.costs.terms
 
 
 def test_pcp8_dcp8_ttft_is_below_dp8_for_every_prompt_from_64k(spec):
