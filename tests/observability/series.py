@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+from longctx_operator.rollout import PHASES as ROLLOUT_PHASES
+
 START = 1767225600          # 2026-01-01T00:00:00Z, fixed so the images are reproducible
 MINUTES = 60
 STEP = 30                   # seconds between samples (a 30 s scrape interval)
@@ -288,7 +290,19 @@ def operator_families() -> list[Family]:
                 "Progressing": 1 if rollout(t) else 0,
                 "Refused": 1 if 1500 <= t - START < 1800 else 0,
                 "Degraded": 0}[p])(p)) for p in ("Progressing", "Ready", "Degraded", "Refused")]),
+        # A Surge rollout: the new revision loads beside the serving one, then the old one
+        # drains; no role is ever without a Ready pod.
+        Family("longctx_rollouts", "gauge", [
+            ({**base, "phase": p}, (lambda p: lambda t: float(rollout_phase(t) == p))(p))
+            for p in ROLLOUT_PHASES]),
+        Family("longctx_zero_capacity_seconds", "counter", [(base, lambda t: 0.0)]),
     ]
+
+
+def rollout_phase(t: float) -> str:
+    offset = t - START
+    return "Progressing" if 1800 <= offset < 2220 else "Draining" if 2220 <= offset < 2400 \
+        else "Steady"
 
 
 def families() -> list[Family]:

@@ -12,7 +12,7 @@ from tests.observability import prom
 
 UNIT_TESTS = Path(__file__).with_name("alerts-test.yaml")
 ALERTS = {"LongctxKVTransferFailures", "LongctxTTFTBudgetBurnFast", "LongctxTTFTBudgetBurnSlow",
-          "LongctxDecodeHostPoolNearFull", "LongctxEngineCrashLooping", "LongctxRolloutStuck",
+          "LongctxDecodeHostPoolNearFull", "LongctxEngineCrashLooping", "LongctxRolloutStuck", "LongctxRolloutSlow",
           "LongctxReconcileErrors"}
 
 
