@@ -259,7 +259,9 @@ KINDS = (
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", managed=True),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", managed=True,
          crd="scaledobjects.keda.sh"),
-    Kind("v1", "Pod", "pods", watched=True),
+    # Pods are never created or deleted by the operator; a pod leaving on scale-down gets
+    # its serving label turned off (a metadata patch) so that the pool stops selecting it.
+    Kind("v1", "Pod", "pods", watched=True, verbs=("get", "list", "watch", "patch")),
     Kind("v1", "Event", "events", verbs=("create",)),
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions",

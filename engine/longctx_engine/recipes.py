@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Optional
 
 from . import contract
 from .api import LongContextDeploymentSpec
-from .faults import fault_settings
 from .identity import PodIdentity
 from .quantity import GiB
 
@@ -60,7 +59,7 @@ def kv_transfer_config(plan: "RolePlan") -> dict:
     passes its own to each child). The NIXL lease and decode's policy for a failed KV load
     come from the plan (faults.py)."""
     spec, role = plan.spec, plan.role
-    faults = fault_settings(spec)
+    faults = plan.faults
     nixl_role = "kv_producer" if role == "prefill" else "kv_consumer"
     nixl = {"kv_connector": "NixlConnector", "kv_role": nixl_role,
             "kv_connector_extra_config": {"backends": [spec.kvTransfer.backend],

@@ -4,13 +4,18 @@ once from a spec and passed down (to the operator's builders, the entrypoint, th
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from . import contract
-from .api import LongContextDeploymentSpec
+from .api import LongContextDeploymentSpec, dump_spec, load_spec
 from .compat import pairing_key
+from .faults import FaultSettings, fault_settings
 from .identity import PodIdentity
 from .layout import EnginePorts, Layout, engine_ports, role_layout
+from .performance import summary_at_max_context
 from .memory import PodMemory, hisparse_enabled, pod_memory
 from .recipes import EngineCommand, build_command
 from .rules import RecipeError, validate
@@ -24,6 +29,7 @@ class RolePlan:
     ports: EnginePorts
     memory: PodMemory
     pairing_key: str
+    faults: FaultSettings       # the data path's timeouts and failure policy (faults.py)
 
     @property
     def hisparse(self) -> bool:
@@ -49,6 +55,8 @@ class ServingPlan:
     spec: LongContextDeploymentSpec
     prefill: RolePlan
     decode: RolePlan
+    # The performance model at maxContextTokens (None for an explicit architecture).
+    prediction: Optional[dict[str, Any]] = None
 
     @property
     def roles(self) -> tuple[RolePlan, RolePlan]:
@@ -69,14 +77,26 @@ class ServingPlan:
         return tuple(sorted(set(self.prefill.ports.serving) | set(self.decode.ports.serving)))
 
 
-def role_plan(spec: LongContextDeploymentSpec, role: str) -> RolePlan:
+def role_plan(spec: LongContextDeploymentSpec, role: str,
+              faults: FaultSettings | None = None) -> RolePlan:
     layout = role_layout(spec, role)
     return RolePlan(spec=spec, role=role, layout=layout,
                     ports=engine_ports(layout, spec.kvTransfer.sideChannelPort),
-                    memory=pod_memory(spec, layout), pairing_key=pairing_key(spec))
+                    memory=pod_memory(spec, layout), pairing_key=pairing_key(spec),
+                    faults=faults or fault_settings(spec))
 
 
 def serving_plan(spec: LongContextDeploymentSpec, cr_name: str | None = None) -> ServingPlan:
     """The plan of a valid spec; raises rules.RecipeError naming every problem."""
     validate(spec, cr_name)
-    return ServingPlan(spec, *(role_plan(spec, role) for role in contract.ROLES))
+    faults, prediction = _priced(json.dumps(dump_spec(spec), sort_keys=True))
+    return ServingPlan(spec, *(role_plan(spec, role, faults) for role in contract.ROLES),
+                       prediction=prediction)
+
+
+@functools.lru_cache(maxsize=256)
+def _priced(spec_json: str) -> tuple[FaultSettings, Optional[dict[str, Any]]]:
+    """What the performance model says of a spec, once per distinct spec (it is pure, and
+    the dearest part of a plan: every reconcile of an unchanged CR reuses it)."""
+    spec = load_spec(json.loads(spec_json))
+    return fault_settings(spec), summary_at_max_context(spec)

@@ -10,6 +10,7 @@ not have: argv parsing of extraArgs, and byte quantities as numbers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -27,10 +28,11 @@ class RecipeError(ValueError):
     """A spec the engine refuses; the message names the spec field and the change to make."""
 
 
+@functools.lru_cache(maxsize=None)
 def table(cls: type = LongContextDeploymentSpec, path: str = "spec"
-          ) -> list[tuple[str, Rule]]:
+          ) -> tuple[tuple[str, Rule], ...]:
     """Every rule of the API, with the path of the object (or field) it applies to."""
-    out = [(path, r) for r in cls.CEL]
+    out: list[tuple[str, Rule]] = [(path, r) for r in cls.CEL]
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         sub = f"{path}.{f.name}"
@@ -38,7 +40,7 @@ def table(cls: type = LongContextDeploymentSpec, path: str = "spec"
         tp = _unwrap(hints[f.name])
         if isinstance(tp, type) and issubclass(tp, APIObject):
             out += table(tp, sub)
-    return out
+    return tuple(out)
 
 
 def _unwrap(tp: Any) -> Any:

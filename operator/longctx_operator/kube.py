@@ -185,6 +185,19 @@ class Kube:
         if store is not None:
             store.remove({"metadata": {"namespace": namespace, "name": name}})
 
+    def patch_metadata(self, api_version: str, kind: str, namespace: str, name: str,
+                       metadata: dict[str, Any]) -> None:
+        """A merge patch of labels and annotations (null removes a key)."""
+        path = _path(api_version, kind, namespace, name)
+        try:
+            self._call("PATCH", path, body={"metadata": metadata},
+                       content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise KubeError(describe(exc, f"patch {kind} {namespace}/{name}")) from exc
+        metrics.API_WRITES.labels(kind=kind, verb="patch").inc()
+
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                      status: dict[str, Any]) -> None:
         path = _path(api_version, kind, namespace, name) + "/status"

@@ -16,9 +16,8 @@ from typing import Any, Optional
 
 from longctx_engine import api, contract
 from longctx_engine.compat import pd_compatibility
-from longctx_engine.engine_config import parse_engine_config
+from longctx_engine.engine_config import parse_engine_config, render_engine_config
 from longctx_engine.identity import PodIdentity
-from longctx_engine.performance import summary_at_max_context
 from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.quantity import parse_bytes
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
@@ -139,15 +138,17 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     revisions = _revisions(kube, name, namespace)
     step: rollout.Step | None = None
     if refusal is None and plan is not None:
+        policy = _policy(plan)
         step = rollout.step(desired=plan.revision,
                             serving=_serving_revision(kube, cr, plan.spec, previous),
                             revisions=revisions, previous=previous.get("rollout") or {},
-                            policy=_policy(plan), now=_utcnow(),
+                            policy=policy, now=_utcnow(),
                             capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
-        _apply_children(kube, cr, plan, step, revisions, outcome, previous)
+        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
-        outcome.wake_after = step.wake_after
+        if step.wake_after is not None:
+            outcome.wake_after = min(outcome.wake_after or step.wake_after, step.wake_after)
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
@@ -187,7 +188,7 @@ def _policy(plan: ServingPlan) -> rollout.Policy:
     if r.drainSeconds is not None:
         drain = float(r.drainSeconds)
     else:
-        predicted = summary_at_max_context(spec)
+        predicted = plan.prediction
         drain = float(math.ceil(predicted["ttftSeconds"]) + DRAIN_MARGIN_SECONDS
                       if predicted else DEFAULT_DRAIN_SECONDS)
     budget = spec.engine.engineReadyTimeoutSeconds
@@ -225,8 +226,8 @@ def _check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> N
     live = kube.get("v1", "ConfigMap", meta["namespace"],
                     contract.engine_configmap(meta["name"], plan.revision))
     text = ((live or {}).get("data") or {}).get(contract.CONFIG_KEY)
-    if not text:
-        return
+    if not text or text == render_engine_config(meta["name"], meta["namespace"], plan.spec):
+        return   # nothing rolls in place
     try:
         running = serving_plan(parse_engine_config(text).spec)
     except (ValueError, RecipeError):
@@ -286,8 +287,8 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
 
 
 def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
-                    revisions: dict[str, rollout.Revision], outcome: Outcome,
-                    previous: dict[str, Any]) -> None:
+                    policy: rollout.Policy, revisions: dict[str, rollout.Revision],
+                    outcome: Outcome, previous: dict[str, Any]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
@@ -296,6 +297,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
         with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
+    _drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions, desired, outcome)
     for obj in desired:
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
         if live is not None and matches(obj, live):
@@ -329,6 +331,34 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
                                    " is no longer part of the spec"))
     for kind in {o["kind"] for o in desired}:
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
+
+
+def _drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,
+                      revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
+                      outcome: Outcome) -> None:
+    """Pods a scale-down removes leave the pool first and go after the drain window: the
+    desired StatefulSets keep their live replicas until then (rollout.scale_down)."""
+    live = revisions.get(plan.revision)
+    if live is None:
+        return
+    now = _utcnow()
+    for obj in desired:
+        role = obj["metadata"]["labels"].get(contract.COMPONENT_LABEL)
+        if obj["kind"] != "StatefulSet" or role not in contract.ROLES:
+            continue
+        down = rollout.scale_down(obj["spec"]["replicas"], live.statefulsets.get(role),
+                                  live.role_pods(role), drain, now)
+        obj["spec"]["replicas"] = down.replicas
+        for pods, leave in ((down.leave_pool, True), (down.rejoin_pool, False)):
+            for pod in pods:
+                kube.patch_metadata("v1", "Pod", cr["metadata"]["namespace"], pod,
+                                    rollout.draining_marks(now, leave))
+                outcome.events.append(
+                    ("Normal", "ScaleDownDraining", f"pod {pod} leaves the pool and is removed "
+                     f"after {drain:.0f} s of drain") if leave else
+                    ("Normal", "ScaleDownCancelled", f"pod {pod} rejoins the pool"))
+        if down.wake_after is not None:
+            outcome.wake_after = min(outcome.wake_after or down.wake_after, down.wake_after)
 
 
 def _observe(kube: Kube, name: str, namespace: str,

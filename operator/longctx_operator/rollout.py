@@ -261,3 +261,63 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
     result.wake_after = max(policy.ready_timeout_seconds - (now - started).total_seconds(),
                             0) + 1
     return result
+
+
+# ---------------------------------------------------------------- scale-down drain
+
+DRAINING_ANNOTATION = "longctx.dev/draining-since"
+
+
+@dataclass
+class ScaleDown:
+    """How one role of the desired revision goes down: the replicas to keep until the pods
+    being removed have drained, and the pods whose pool label to set."""
+
+    replicas: int                                    # what the StatefulSet gets now
+    leave_pool: list[str] = field(default_factory=list)   # pods to take out of the pool
+    rejoin_pool: list[str] = field(default_factory=list)  # pods kept after all
+    wake_after: Optional[float] = None
+
+
+def _ordinal(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["name"].rsplit("-", 1)[1])
+
+
+def scale_down(desired: int, live: Optional[dict[str, Any]], pods: list[dict[str, Any]],
+               drain_seconds: float, now: datetime.datetime) -> ScaleDown:
+    """A StatefulSet removes its highest ordinals. Those pods first leave the pool (their
+    serving label is turned off, so the picker sends them nothing new) and the StatefulSet
+    keeps them until they have drained for `drain_seconds`; then it gets `desired`. A pod
+    marked to leave that the spec keeps again rejoins at once; scale-up never waits."""
+    current = ((live or {}).get("spec") or {}).get("replicas", desired)
+    serving = {p["metadata"]["name"]: p for p in pods
+               if not p["metadata"].get("deletionTimestamp")}
+    leaving = [p for p in serving.values() if _ordinal(p) >= desired]
+    marked = {name for name, p in serving.items()
+              if (p["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)}
+    result = ScaleDown(replicas=max(desired, 0))
+    result.rejoin_pool = sorted(n for n in marked if _ordinal(serving[n]) < desired)
+    if current <= desired or not leaving:
+        return result
+    result.leave_pool = sorted(p["metadata"]["name"] for p in leaving
+                               if p["metadata"]["name"] not in marked)
+    since = [_parse(serving[n]["metadata"]["annotations"][DRAINING_ANNOTATION])
+             for n in marked if _ordinal(serving[n]) >= desired]
+    if result.leave_pool or not since:
+        result.replicas = current
+        result.wake_after = drain_seconds + 1
+        return result
+    latest = max(s for s in since if s)
+    remaining = max(drain_seconds - (now - latest).total_seconds(), 0)
+    if remaining > 0:
+        result.replicas = current
+        result.wake_after = remaining + 1
+    return result
+
+
+def draining_marks(now: datetime.datetime, leave: bool) -> dict[str, Any]:
+    """The merge patch of a pod's metadata that takes it out of the pool, or back in."""
+    if leave:
+        return {"labels": {contract.SERVING_LABEL: "draining"},
+                "annotations": {DRAINING_ANNOTATION: _now_text(now)}}
+    return {"labels": {contract.SERVING_LABEL: "true"}, "annotations": {DRAINING_ANNOTATION: None}}

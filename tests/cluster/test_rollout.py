@@ -4,9 +4,7 @@ become Ready only after the control plane's simulated model load."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -15,10 +13,10 @@ import yaml
 from longctx_engine import contract
 from tests.cluster.controlplane import h200_node
 from tests.cluster.kwok_stages import CRASH_IMAGE, LOAD_IMAGE, LOAD_IMAGE_2
+from tests.cluster.sampling import SAMPLE_SECONDS, PoolSampler
 from tests.conftest import example_cr, revision_of, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
-SAMPLE_SECONDS = 0.2
 
 
 def rollout_cr(image: str = LOAD_IMAGE, **changes: Any) -> dict:
@@ -51,55 +49,13 @@ def event_reasons(cluster, namespace: str) -> set[str]:
     return {e["reason"] for e in events["items"]}
 
 
-@dataclass
-class Sample:
-    t: float
-    selected: str | None               # the pool's pairing label
-    ready: dict[str, set[str]]          # role -> Ready pods the pool selects
-    revisions: set[str]                 # revisions among the pods the pool selects
-    pods: set[str] = field(default_factory=set)   # every engine pod of the CR
-
-
-class PoolSampler(threading.Thread):
-    """Reads the InferencePool and the pods it selects every 200 ms, through the API."""
-
-    def __init__(self, namespace: str):
-        super().__init__(daemon=True)
-        from longctx_operator.kube import Kube
-        self.kube, self.namespace = Kube.from_environment(), namespace
-        self.samples: list[Sample] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            started = time.monotonic()
-            pool = self.kube.get("inference.networking.k8s.io/v1", "InferencePool",
-                                 self.namespace, "glm")
-            selector = (pool or {}).get("spec", {}).get("selector", {}).get("matchLabels", {})
-            pods = self.kube.list("v1", "Pod", self.namespace, {contract.INSTANCE_LABEL: "glm"})
-            chosen = [p for p in pods if selector and all(
-                p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
-            ready = {role: {p["metadata"]["name"] for p in chosen
-                            if p["metadata"]["labels"].get(contract.COMPONENT_LABEL) == role
-                            and not p["metadata"].get("deletionTimestamp")
-                            and any(c["type"] == "Ready" and c["status"] == "True"
-                                    for c in p.get("status", {}).get("conditions", []))}
-                     for role in contract.ROLES}
-            self.samples.append(Sample(
-                time.monotonic(), selector.get(contract.PAIRING_LABEL), ready,
-                {p["metadata"]["labels"].get(contract.PAIRING_LABEL) for p in chosen},
-                {p["metadata"]["name"] for p in pods
-                 if p["metadata"]["labels"].get(contract.COMPONENT_LABEL) in contract.ROLES}))
-            self.stop.wait(max(SAMPLE_SECONDS - (time.monotonic() - started), 0))
-
-
 def test_surge_image_upgrade_never_leaves_the_pool_empty_or_mixed(cluster, operator, namespace):
     old, new = rollout_cr(LOAD_IMAGE), rollout_cr(LOAD_IMAGE_2)
     assert cluster.apply(old, namespace).returncode == 0
     wait_for(lambda: settled_on(cluster, namespace, old), 90, "the first revision Ready")
     old_pods = {f"{sts_name(old, role)}-0" for role in contract.ROLES}
 
-    sampler = PoolSampler(namespace)
+    sampler = PoolSampler(namespace, "glm")
     sampler.start()
     try:
         edited = time.monotonic()

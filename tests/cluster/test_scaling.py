@@ -26,12 +26,14 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port
+from tests.cluster.sampling import PoolSampler
 from tests.cluster.test_reconcile import condition
 from tests.conftest import example_cr, wait_for
 
 pytestmark = pytest.mark.cluster
 
 GROUP_VERSION = "external.metrics.k8s.io/v1beta1"
+DRAIN_SECONDS = 3
 RACK = "example.com/rack"
 
 
@@ -43,6 +45,7 @@ def units_cr(replicas: int | None = 1, prefill: int = 1, decode: int = 1, **spec
     if replicas is not None:
         cr["spec"]["replicas"] = replicas
     cr["spec"]["scaling"] = {"prefillPerUnit": prefill, "decodePerUnit": decode}
+    cr["spec"]["rollout"] = {"drainSeconds": DRAIN_SECONDS}
     cr["spec"].update(spec)
     return cr
 
@@ -82,6 +85,42 @@ def test_kubectl_scale_keeps_the_ratio_up_and_down(cluster, operator, namespace)
         pods = cluster.list("pods", namespace, got["status"]["selector"])
         assert {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods} == {
             "prefill", "decode"}
+
+
+def test_scale_down_takes_pods_out_of_the_pool_before_deleting_them(cluster, operator,
+                                                                    namespace):
+    assert cluster.apply(units_cr(2), namespace).returncode == 0
+    wait_for(lambda: len([p for p in cluster.list("pods", namespace, SERVING) if ready(p)])
+             == 4, 120, "two units Ready")
+    sampler = PoolSampler(namespace, "glm")
+    sampler.start()
+    try:
+        assert cluster.kubectl("scale", "lcd", "glm", "-n", namespace, "--replicas=1",
+                               check=False).returncode == 0
+        wait_for(lambda: role_replicas(cluster, namespace) == {"prefill": 1, "decode": 1} and
+                 len(cluster.list("pods", namespace, "app.kubernetes.io/instance=glm,"
+                                  "app.kubernetes.io/component in (prefill,decode)")) == 2,
+                 60, "one unit left")
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    samples = sampler.samples
+    removed = samples[0].pods - samples[-1].pods
+    assert len(removed) == 2, removed          # one prefill and one decode pod
+    selected = [set().union(*s.ready.values()) for s in samples]
+    left_pool = next(i for i, sel in enumerate(selected) if not removed & sel)
+    assert removed <= samples[left_pool].pods, "deleted before leaving the pool"
+    deleted = next(s.t for s in samples if not removed & s.pods)
+    assert deleted - samples[left_pool].t >= DRAIN_SECONDS * 0.8, "not drained"
+    assert all(s.ready["prefill"] and s.ready["decode"] for s in samples)
+
+
+SERVING = "app.kubernetes.io/instance=glm,llm-d.ai/inference-serving=true"
+
+
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
 
 
 def test_scale_on_a_deployment_with_per_role_replicas_takes_over(cluster, operator, namespace):

@@ -30,7 +30,8 @@ NAMESPACED = {
     ("monitoring.coreos.com", "prometheusrules"): ("get", "list", "create", "patch", "delete"),
     ("autoscaling", "horizontalpodautoscalers"): ("get", "list", "create", "patch", "delete"),
     ("keda.sh", "scaledobjects"): ("get", "list", "create", "patch", "delete"),
-    ("", "pods"): ("get", "list", "watch"),
+    # patch: a pod removed by a scale-down leaves the pool first (its serving label).
+    ("", "pods"): ("get", "list", "watch", "patch"),
     ("", "events"): ("create",),
     ("llm-d.ai", "inferenceobjectives"): ("get", "list", "watch"),
     ("llm-d.ai", "inferencemodelrewrites"): ("get", "list", "watch"),
@@ -236,8 +237,10 @@ def test_no_wildcards_and_no_escalation_verbs(render):
                                         "clusterrolebindings"), resource
                 assert resource != "nodes" or verb in ("get", "list"), (resource, verb)
                 if verb in ("create", "patch", "delete"):  # writes: only what it owns
-                    assert resource not in ("pods", "longcontextdeployments",
+                    assert resource not in ("longcontextdeployments",
                                             "customresourcedefinitions", "namespaces"), resource
+                    # Pods: only the label patch of a scale-down drain, never create/delete.
+                    assert resource != "pods" or verb == "patch", (resource, verb)
 
 
 def _operator_facts() -> dict:

@@ -27,7 +27,6 @@ from typing import Any
 import yaml
 
 from longctx_engine import api, contract
-from longctx_engine.faults import fault_settings
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -314,7 +313,8 @@ def _picker_rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+def _http_route(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
+    spec = plan.spec
     cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
     gateway = spec.router.gateway
     assert gateway is not None
@@ -329,7 +329,7 @@ def _http_route(cr: dict[str, Any], spec: api.LongContextDeploymentSpec) -> dict
                 "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
                                  "name": contract.inference_pool(cr_name)}],
                 # A max-context prefill, its transfer and the answer (faults.py).
-                "timeouts": {"request": f"{fault_settings(spec).request_timeout_seconds}s"},
+                "timeouts": {"request": f"{plan.prefill.faults.request_timeout_seconds}s"},
             }],
         },
     }
@@ -352,7 +352,7 @@ def router_objects(cr: dict[str, Any], plan: ServingPlan,
         _picker_deployment(cr, spec, text),
     ]
     if spec.router.gateway is not None:
-        objects.append(_http_route(cr, spec))
+        objects.append(_http_route(cr, plan))
     return objects
 
 
