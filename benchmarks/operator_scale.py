@@ -155,7 +155,11 @@ def main() -> int:
     finally:
         if operator and operator.poll() is None:
             operator.terminate()
-            operator.wait(timeout=30)
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:   # still finishing reconciles: not measured
+                operator.kill()
+                operator.wait(timeout=10)
         cp.stop()
 
 

@@ -132,7 +132,11 @@ def main() -> int:
     finally:
         if operator and operator.poll() is None:
             operator.terminate()
-            operator.wait(timeout=30)
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(timeout=10)
         cp.stop()
     print(f"image upgrade of the example; simulated model load {args.load_seconds:.0f} s, "
           f"drain window {DRAIN_SECONDS} s, sampled every {SAMPLE_SECONDS * 1000:.0f} ms\n")

@@ -11,8 +11,8 @@ Where the numbers come from
   first 3 layers dense (intermediate 12288); DSA indexer with 32 heads x 128
   dims and top-k 2048 in 21 of the 78 layers (the other layers reuse an index
   group leader's top-k); the MTP layer carries MLA and an indexer.
-  Sources: the seed article's footnote 3 (78 + 21 + MTP
-  layers), docs/kernels.md §0 (64 heads, 32 index heads), a published GLM-5.3
+  Sources: the reference deployment (docs/design.md#the-reference-deployment: 78 + 21 + MTP
+  layers), docs/kernels.md#model-constants (64 heads, 32 index heads), a published GLM-5.3
   config.json (q_lora_rank, heads, kv_lora_rank, experts), and GLM-5-FP8's
   model card (hidden 6144, vocab 154,880, 78 layers, 3 dense, 753.9B params).
 * DeepSeek-V3.2 (`deepseek_v32`, deepseek-ai/DeepSeek-V3.2 config.json):

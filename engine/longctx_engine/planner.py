@@ -159,7 +159,7 @@ def query_output_bytes_per_head(arch: Architecture) -> int:
 
 def sparse_mla_flops_per_byte(arch: Architecture, heads: int,
                               kv_cache_dtype: str = "fp8") -> float:
-    """FLOPs per byte of one query token of sparse MLA (seed footnote 1): top-k rows of
+    """FLOPs per byte of one query token of sparse MLA (docs/kernels.md#sparse-mla-decode): top-k rows of
     (KV row + 4-byte index) read once for all `heads`, plus each head's query and output.
     GLM-5.3: 8 heads -> 35.7 MFLOP / 1.37 MB ~ 26; 64 heads -> 285 MFLOP / 1.49 MB ~ 191."""
     if arch.indexTopK == 0 or heads == 0:
@@ -182,7 +182,7 @@ def indexer_crossover_tokens(arch: Architecture, heads: int) -> Optional[int]:
     Per GPU, TP replicates the indexer on every rank but splits the heads (heads = H/TP);
     PCP (and DCP) split both by token, which cancels, leaving all H heads. So
         L* = layers x topK x heads x 2176 / (indexLayers x indexHeads x indexHeadDim).
-    GLM-5.3: 32,330 at 8 heads (TP8), 258,641 at 64 (PCP8): the seed's ~32K and ~256K.
+    GLM-5.3: 32,330 at 8 heads (TP8), 258,641 at 64 (PCP8): the published ~32K and ~256K (docs/design.md#the-reference-deployment).
     Choices: the main model's layers only (78 MLA, 21 indexer; with the MTP layer added
     the figures are 31.3K and 250K); leading-order terms only (clamping the first topK
     queries' attention to their causal prefix would lower the TP8 figure by ~3%).
