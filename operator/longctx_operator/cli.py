@@ -101,28 +101,26 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_crd(args: argparse.Namespace) -> int:
-    from .crd import render_crd_yaml
-
-    text = render_crd_yaml()
-    if args.write:
-        for path in args.write:
+def _print_or_write(text: str, paths: list[str] | None) -> int:
+    """A generated file: printed, or written to each of `paths`."""
+    if paths:
+        for path in paths:
             Path(path).write_text(text)
     else:
         print(text, end="")
     return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .crd import render_crd_yaml
+
+    return _print_or_write(render_crd_yaml(), args.write)
 
 
 def cmd_rbac(args: argparse.Namespace) -> int:
     from .rbac import render_rules_yaml
 
-    text = render_rules_yaml()
-    if args.write:
-        for path in args.write:
-            Path(path).write_text(text)
-    else:
-        print(text, end="")
-    return 0
+    return _print_or_write(render_rules_yaml(), args.write)
 
 
 def peering_priority() -> int:
