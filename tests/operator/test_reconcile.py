@@ -1,0 +1,46 @@
+"""The reconcile's P/D pairing check, which can fail: it pairs plans of two specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from longctx_engine.compat import pairing_key
+from longctx_engine.roles import serving_plan
+from longctx_engine.rules import RecipeError
+from longctx_operator.reconcile import check_pair
+from tests.contract.variants import spec_with
+
+
+def _set_engine(**fields):
+    return lambda d: d.setdefault("engine", {}).update(**fields)
+
+
+@pytest.mark.parametrize("edit, mismatch", [
+    (_set_engine(vllmVersion="0.34.0"), "vLLM version"),
+    (_set_engine(extraArgs={"decode": ["--attention-backend", "FLASHMLA_SPARSE"]}),
+     "--attention-backend"),
+    (_set_engine(speculative={"method": "none"}), "speculative decoding is"),
+])
+def test_a_pair_across_specs_that_nixl_would_refuse_is_refused(edit, mismatch):
+    old, new = serving_plan(spec_with()), serving_plan(spec_with(edit))
+    with pytest.raises(RecipeError, match=mismatch):
+        check_pair(old.prefill, new.decode, "glm", "ns")
+    check_pair(old.prefill, old.decode, "glm", "ns")
+
+
+@pytest.mark.parametrize("edit", [
+    _set_engine(vllmVersion="0.34.0"),
+    _set_engine(image="ghcr.io/longctx/engine:0.2.0"),
+    _set_engine(extraArgs={"decode": ["--attention-backend", "FLASHMLA_SPARSE"]}),
+    _set_engine(extraArgs={"decode": ["--block-size", "128"]}),
+    _set_engine(speculative={"method": "none"}),
+])
+def test_every_handshake_factor_changes_the_revision(edit):
+    """So an in-place roll (same revision) can never pair engines NIXL would refuse: each
+    factor pd_compatibility compares and a spec edit can change is in the pairing key."""
+    assert pairing_key(spec_with(edit)) != pairing_key(spec_with())
+
+
+def test_an_edit_outside_the_handshake_keeps_the_revision():
+    edit = _set_engine(extraArgs={"decode": ["--max-num-seqs", "32"]})
+    assert pairing_key(spec_with(edit)) == pairing_key(spec_with())
