@@ -142,7 +142,7 @@ def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, name
         assert annotations[contract.ACTIVE_PORTS_ANNOTATION] == \
             router.pod_annotations(plan.role(role))[contract.ACTIVE_PORTS_ANNOTATION]
     assert cluster.get("inferencepool", "glm", namespace)["spec"]["targetPorts"] == [
-        {"number": p} for p in router.pool_target_ports(spec)]
+        {"number": p} for p in plan.pool_target_ports]
 
 
 # ---------------------------------------------------------------- the picker's credentials
