@@ -53,6 +53,17 @@ def test_example_fits_the_context_it_declares(name, tmp_path):
     assert report["prefill"]["fits"] and report["decode"]["fits"]
 
 
+@pytest.mark.parametrize("name", sorted(INTENDED))
+def test_example_fits_with_the_default_host_pool(name, tmp_path):
+    """The CRD's default pool (auto) is never one the planner refuses for an example."""
+    cr = example(name)
+    cr["spec"].get("decode", {}).get("hiSparse", {}).pop("hostPoolPerRank", None)
+    rc, report = plan(cr, tmp_path)
+    assert rc == FITS and report["fits"], report.get("refusal")
+    if report["decode"]["hiSparse"]["enabled"]:
+        assert report["decode"]["hiSparse"]["hostPoolRequestsPerRank"] == 1
+
+
 def at_one_million(name: str, **decode) -> dict:
     cr = example(name)
     cr["spec"]["maxContextTokens"] = ONE_MILLION

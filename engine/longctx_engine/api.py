@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .contract import (GROUP, KIND, MAX_CR_NAME_LENGTH, MAX_POOL_TARGET_PORTS,
                        NIXL_SIDE_CHANNEL_PORT, PLURAL, VERSION)
-from .schema import APIObject, Preserved, Quantity, Rule, api_field, dump, load
+from .schema import APIObject, Preserved, Quantity, Rule, SizeOrAuto, api_field, dump, load
 
 SINGULAR = "longcontextdeployment"
 SHORT_NAMES = ("lcd",)
@@ -257,8 +257,14 @@ class HiSparse(APIObject):
     """Hybrid HiSparse: KV resident in pinned host memory, a GPU hot buffer of top-k rows."""
 
     enabled: bool = api_field("Use HiSparse on decode. false gives the offload-only baseline.", True)
-    hostPoolPerRank: Quantity = api_field("Pinned host KV pool per data-parallel rank "
-                                          "(host_pool_gib).", Quantity("48Gi"))
+    hostPoolPerRank: SizeOrAuto = api_field(
+        "Pinned host KV pool per data-parallel rank (host_pool_gib). auto: the least pool that "
+        "holds requestsPerRank requests of maxContextTokens by vLLM's rule (each request "
+        "cdiv(maxContextTokens, 64) pages of 64 tokens of MLA KV, plus 2 spare pages).",
+        SizeOrAuto("auto"))
+    requestsPerRank: int = api_field(
+        "Requests of maxContextTokens one rank's host pool holds when hostPoolPerRank is auto.",
+        1, minimum=1, maximum=1024)
     deviceBufferSize: Optional[int] = api_field(
         "GPU hot-buffer rows per request (hisparse_config.device_buffer_size); vLLM infers it "
         "when unset.", None, minimum=1)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import LongContextDeploymentSpec
+from . import models
+from .api import Architecture, LongContextDeploymentSpec
 from .layout import Layout
-from .quantity import GiB, parse_bytes
+from .quantity import AUTO, GiB, parse_bytes
 
 SHM_BASE_MARGIN = 4 * GiB        # NCCL SHM transport FIFOs, vLLM shm_broadcast rings, torch IPC
 SHM_MARGIN_PER_GPU = 1 * GiB
@@ -14,9 +15,39 @@ RSS_PER_GPU_WORKER = 12 * GiB    # CUDA context, torch, NCCL/NIXL/UCX registrati
 RSS_PER_ENGINE_RANK = 4 * GiB    # API server + engine core + scheduler of one DP rank
 RSS_POD_BASE = 16 * GiB          # supervisor, tokenizer, page cache headroom while loading weights
 
+BLOCK_TOKENS = 64           # vLLM's KV page for sparse MLA + indexer on H200
+HISPARSE_SPARE_PAGES = 2    # the host pool's null block + copy-on-write tail
+
 
 def hisparse_enabled(spec: LongContextDeploymentSpec, role: str) -> bool:
     return role == "decode" and spec.decode.hiSparse.enabled
+
+
+def hisparse_page_bytes(arch: Architecture, kv_cache_dtype: str = "fp8") -> int:
+    """One 64-token host page of the HiSparse source group: every MLA layer's rows
+    (main + MTP), not the indexer keys, which stay on the GPU."""
+    return (arch.layers + arch.mtpLayers) * BLOCK_TOKENS * models.mla_row_bytes(arch, kv_cache_dtype)
+
+
+def hisparse_min_pool_bytes(arch: Architecture, tokens: int, kv_cache_dtype: str = "fp8",
+                            requests: int = 1) -> int:
+    """Smallest host pool (host_pool_gib, in bytes) that holds `requests` requests of `tokens`:
+    vLLM accepts a pool of cdiv(max_model_len, 64) + 2 pages, one request's pages and the
+    spares; each further request takes cdiv(max_model_len, 64) more."""
+    pages = requests * -(-tokens // BLOCK_TOKENS) + HISPARSE_SPARE_PAGES
+    return pages * hisparse_page_bytes(arch, kv_cache_dtype)
+
+
+def hisparse_pool_per_rank(spec: LongContextDeploymentSpec) -> int:
+    """Bytes of one decode rank's HiSparse host pool: spec.decode.hiSparse.hostPoolPerRank,
+    or for `auto` the least pool that holds requestsPerRank max-context requests. The one
+    place `auto` becomes bytes (the pod's memory, host_pool_gib and the plan read this)."""
+    hs = spec.decode.hiSparse
+    if hs.hostPoolPerRank == AUTO:
+        return hisparse_min_pool_bytes(models.resolve_architecture(spec.model),
+                                       spec.maxContextTokens, spec.engine.kvCacheDtype,
+                                       hs.requestsPerRank)
+    return parse_bytes(hs.hostPoolPerRank, "spec.decode.hiSparse.hostPoolPerRank")
 
 
 @dataclass(frozen=True)
@@ -49,8 +80,7 @@ def pod_memory(spec: LongContextDeploymentSpec, layout: Layout) -> PodMemory:
     """
     role = layout.role
     offload = parse_bytes(getattr(spec, role).cpuOffloadPerRank, f"spec.{role}.cpuOffloadPerRank")
-    pool = (parse_bytes(spec.decode.hiSparse.hostPoolPerRank, "spec.decode.hiSparse.hostPoolPerRank")
-            if hisparse_enabled(spec, role) else 0)
+    pool = hisparse_pool_per_rank(spec) if hisparse_enabled(spec, role) else 0
     n = layout.ranks_per_pod
     shm = n * offload + SHM_BASE_MARGIN + SHM_MARGIN_PER_GPU * layout.gpusPerPod
     request = (n * offload + n * pool + RSS_PER_GPU_WORKER * layout.gpusPerPod

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from . import models, planner
 from .api import LongContextDeploymentSpec
 from .hardware import H200, HardwareProfile
+from .memory import hisparse_pool_per_rank
 from .quantity import parse_bytes
 from .schema import Quantity
 
@@ -508,7 +509,7 @@ def alternatives(spec: LongContextDeploymentSpec) -> list[tuple[str, LongContext
     def with_prefill(**changes: Any) -> LongContextDeploymentSpec:
         return dataclasses.replace(spec, prefill=dataclasses.replace(p, **changes))
 
-    host = parse_bytes(d.hiSparse.hostPoolPerRank) if d.hiSparse.enabled else 0
+    host = hisparse_pool_per_rank(spec) if d.hiSparse.enabled else 0
     offload_only = dataclasses.replace(
         spec, decode=dataclasses.replace(
             d, hiSparse=dataclasses.replace(d.hiSparse, enabled=False),

@@ -36,12 +36,12 @@ from typing import Any, Optional
 from . import models
 from .api import Architecture, LongContextDeploymentSpec
 from .layout import Layout, role_layout, role_layouts
-from .memory import hisparse_enabled, pod_memory
-from .quantity import GiB, MiB, parse_bytes
+from .memory import (BLOCK_TOKENS, HISPARSE_SPARE_PAGES, hisparse_enabled,
+                     hisparse_min_pool_bytes, hisparse_page_bytes, hisparse_pool_per_rank,
+                     pod_memory)
+from .quantity import AUTO, GiB, MiB, parse_bytes
 
-BLOCK_TOKENS = 64           # vLLM's KV page for sparse MLA + indexer on H200
 INDEX_BYTES = 4             # int32 top-k index read with each selected KV row
-HISPARSE_SPARE_PAGES = 2    # the host pool's null block + copy-on-write tail
 HISPARSE_MAX_DEVICE_BUFFER = 32768  # int16 hot-slot ids
 
 
@@ -198,18 +198,6 @@ def indexer_crossover_tokens(arch: Architecture, heads: int) -> Optional[int]:
 # ------------------------------------------------------------ HiSparse and offload
 
 
-def hisparse_page_bytes(arch: Architecture, kv_cache_dtype: str = "fp8") -> int:
-    """One 64-token host page of the HiSparse source group: every MLA layer's rows
-    (main + MTP), not the indexer keys, which stay on the GPU."""
-    return (arch.layers + arch.mtpLayers) * BLOCK_TOKENS * models.mla_row_bytes(arch, kv_cache_dtype)
-
-
-def hisparse_min_pool_bytes(arch: Architecture, tokens: int, kv_cache_dtype: str = "fp8") -> int:
-    """Smallest host_pool_gib (in bytes) vLLM accepts: cdiv(max_model_len, 64) + 2 pages."""
-    pages = -(-tokens // BLOCK_TOKENS) + HISPARSE_SPARE_PAGES
-    return pages * hisparse_page_bytes(arch, kv_cache_dtype)
-
-
 def hisparse_host_requests(arch: Architecture, pool_bytes: int, tokens: int,
                            kv_cache_dtype: str = "fp8") -> int:
     """Max-length requests one rank's host pool holds."""
@@ -282,16 +270,32 @@ def _placement_text(spec: LongContextDeploymentSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in wanted.items())
 
 
-def _host_memory_fields(spec: LongContextDeploymentSpec, role: str) -> str:
-    """The spec field that holds most of one pod's host memory: what to lower."""
+def _host_memory_fix(spec: LongContextDeploymentSpec, role: str, need: int,
+                     allocatable: int) -> tuple[str, str]:
+    """The spec field that holds most of one pod's host memory (with its value), and the
+    change of it that makes the pod fit `allocatable`."""
     r = getattr(spec, role)
     fields = [(parse_bytes(r.cpuOffloadPerRank), f"spec.{role}.cpuOffloadPerRank",
                r.cpuOffloadPerRank)]
+    hs = spec.decode.hiSparse
     if hisparse_enabled(spec, role):
-        fields.append((parse_bytes(spec.decode.hiSparse.hostPoolPerRank),
-                       "spec.decode.hiSparse.hostPoolPerRank", spec.decode.hiSparse.hostPoolPerRank))
-    _, name, value = max(fields)
-    return f"{name} ({value})"
+        pool = hisparse_pool_per_rank(spec)
+        fields.append((pool, "spec.decode.hiSparse.hostPoolPerRank",
+                       f"{hs.hostPoolPerRank} = {_gib(pool)} GiB" if hs.hostPoolPerRank == AUTO
+                       else hs.hostPoolPerRank))
+    size, name, value = max(fields)
+    fit = size - -(-(need - allocatable) // role_layout(spec, role).ranks_per_pod)
+    if name.endswith("hostPoolPerRank") and hs.hostPoolPerRank == AUTO:
+        arch = models.resolve_architecture(spec.model)
+        requests = hisparse_host_requests(arch, max(fit, 0), spec.maxContextTokens,
+                                          spec.engine.kvCacheDtype)
+        if requests >= 1:
+            return (f"{name} ({value})", "lower spec.decode.hiSparse.requestsPerRank "
+                    f"({hs.requestsPerRank}) to at most {requests}")
+    elif fit >= GiB:
+        return f"{name} ({value})", f"lower it to at most {fit // GiB}Gi"
+    return (f"{name} ({value})", "no value of it alone fits: lower the other host memory "
+            "fields or the ranks per pod, or use nodes with more memory")
 
 
 def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory]]
@@ -317,19 +321,21 @@ def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory
     problems = []
     for role, need in pods.items():
         if need > largest.allocatable:
+            field, change = _host_memory_fix(spec, role, need, largest.allocatable)
             problems.append(
-                f"{_host_memory_fields(spec, role)} makes each {role} pod need {_gib(need)} GiB "
+                f"{field} makes each {role} pod need {_gib(need)} GiB "
                 f"of host memory (CPU offload, HiSparse pools, /dev/shm and process memory), "
                 f"but the largest node the placement selects ({largest.name}, "
                 f"{_placement_text(spec)}) has {_gib(largest.allocatable)} GiB allocatable: "
-                "lower it")
+                f"{change}")
     gpu_sizes = [n.gpu_memory for n in selected if n.gpu_memory is not None]
     gpu = parse_bytes(spec.capacity.gpuMemory, "spec.capacity.gpuMemory")
     if gpu_sizes and gpu > max(gpu_sizes):
         problems.append(
             f"spec.capacity.gpuMemory ({spec.capacity.gpuMemory}, {_gib(gpu)} GiB) is more than "
             f"the largest GPU of the selected nodes ({_gib(max(gpu_sizes))} GiB, label "
-            f"{GPU_MEMORY_LABEL}): set it to what torch.cuda.mem_get_info reports")
+            f"{GPU_MEMORY_LABEL}): set it to at most {max(gpu_sizes)}, or to what "
+            "torch.cuda.mem_get_info reports")
     return out, ("; ".join(problems) + ".") if problems else None, None
 
 
@@ -340,11 +346,12 @@ def gpu_quantity_problems(spec: LongContextDeploymentSpec) -> list[str]:
     out = []
     if cap.kvBudgetPerGpu is not None and parse_bytes(cap.kvBudgetPerGpu) > gpu:
         out.append(f"spec.capacity.kvBudgetPerGpu ({cap.kvBudgetPerGpu}) is more than the whole "
-                   f"GPU (spec.capacity.gpuMemory {cap.gpuMemory}): lower it")
+                   f"GPU (spec.capacity.gpuMemory {cap.gpuMemory}): lower it to at most "
+                   f"{cap.gpuMemory}")
     if parse_bytes(cap.activationReservePerGpu) >= gpu:
         out.append(f"spec.capacity.activationReservePerGpu ({cap.activationReservePerGpu}) "
                    f"leaves nothing of the GPU (spec.capacity.gpuMemory {cap.gpuMemory}): "
-                   "lower it")
+                   f"lower it below {cap.gpuMemory}")
     return out
 
 
@@ -473,10 +480,11 @@ def _smallest_dcp(bpt: BytesPerToken, tokens: int, budget: Budget, layout: Layou
     return None
 
 
-def _unknown_budget_refusal(role: str) -> str:
+def _unknown_budget_refusal(role: str, need: int) -> str:
     return (f"spec.{role}: the KV budget per GPU cannot be estimated because the architecture "
-            "has no parameterBytes; set spec.capacity.kvBudgetPerGpu (or "
-            "spec.model.architecture.parameterBytes)")
+            f"has no parameterBytes; set spec.capacity.kvBudgetPerGpu to at least "
+            f"{_ceil_gi(need)} (what one request needs per GPU), or set "
+            "spec.model.architecture.parameterBytes")
 
 
 def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: BytesPerToken,
@@ -488,7 +496,7 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
     per_rank = budget.kv // need if fits and budget.kv is not None else 0
     refusal = None
     if budget.kv is None:
-        refusal = _unknown_budget_refusal("prefill")
+        refusal = _unknown_budget_refusal("prefill", need)
     elif not fits:
         refusal = (f"spec.prefill cannot hold one {tokens}-token request: it needs "
                    f"{_gib(need)} GiB of KV per GPU (decode context parallelism "
@@ -528,6 +536,23 @@ def _plan_prefill(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Byte
         cpu_offload_tokens_per_rank=offload // bpt.total, refusal=refusal)
 
 
+def _hisparse_gpu_fix(spec: LongContextDeploymentSpec, arch: Architecture,
+                      bpt: BytesPerToken, budget: int) -> str:
+    """The longest context, or the smallest hot buffer, whose HiSparse request fits `budget`
+    bytes of GPU KV (the indexer keys grow with the context, the hot buffer does not)."""
+    hot = hisparse_gpu_bytes_per_request(arch, dataclasses.replace(spec, maxContextTokens=0), bpt)
+    per_token = (hisparse_gpu_bytes_per_request(arch, spec, bpt) - hot) // spec.maxContextTokens
+    fixes = []
+    if per_token and budget > hot:
+        fixes.append(f"lower spec.maxContextTokens to at most {(budget - hot) // per_token}")
+    rows = min((budget - per_token * spec.maxContextTokens) // hisparse_page_bytes(
+        arch, spec.engine.kvCacheDtype) * BLOCK_TOKENS, HISPARSE_MAX_DEVICE_BUFFER)
+    if rows >= max(arch.indexTopK, 1):
+        fixes.append(f"set spec.decode.hiSparse.deviceBufferSize to at most {rows}")
+    return " or ".join(fixes) or "no context fits the GPU: lower the weights per GPU (a larger " \
+        "expert-parallel group) or set spec.capacity.kvBudgetPerGpu"
+
+
 def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: BytesPerToken,
                  layout: Layout) -> RoleCapacity:
     tokens = spec.maxContextTokens
@@ -540,7 +565,7 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
     hisparse: Optional[dict[str, Any]]
     min_pool = hisparse_min_pool_bytes(arch, tokens, dtype)
     if hs.enabled:
-        pool = parse_bytes(hs.hostPoolPerRank, "spec.decode.hiSparse.hostPoolPerRank")
+        pool = hisparse_pool_per_rank(spec)
         host_requests = hisparse_host_requests(arch, pool, tokens, dtype)
         gpu_per_request = hisparse_gpu_bytes_per_request(arch, spec, bpt)
         gpu_requests = budget.kv // gpu_per_request if budget.kv is not None and budget.kv > 0 \
@@ -558,14 +583,14 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
                 f"{-(-tokens // BLOCK_TOKENS)} + {HISPARSE_SPARE_PAGES} pages "
                 f"({_gib(min_pool)} GiB), and vLLM refuses to start with 'increase "
                 f"host_pool_gib'. Set spec.decode.hiSparse.hostPoolPerRank to at least "
-                f"{_ceil_gi(min_pool)}")
+                f"{_ceil_gi(min_pool)} (or to auto)")
         if budget.kv is None:
-            problems.append(_unknown_budget_refusal("decode"))
+            problems.append(_unknown_budget_refusal("decode", gpu_per_request))
         elif gpu_requests < 1:
             problems.append(
                 f"spec.decode: a HiSparse request keeps {_gib(gpu_per_request)} GiB on the GPU "
                 f"(indexer keys at full length plus its hot buffer) but {_budget_text(budget)}; "
-                "lower spec.maxContextTokens or spec.decode.hiSparse.deviceBufferSize")
+                + _hisparse_gpu_fix(spec, arch, bpt, budget.kv))
         if problems:
             refusal = "; ".join(problems) + "."
         hisparse = {
@@ -585,7 +610,7 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
         hisparse = {"enabled": False, "hostPoolMinGiBPerRank": _gib(min_pool)}
         offload_bpt = bpt.total
         if budget.kv is None:
-            refusal = _unknown_budget_refusal("decode")
+            refusal = _unknown_budget_refusal("decode", need)
         elif not fits:
             refusal = (f"spec.decode cannot hold one {tokens}-token request in GPU KV: it needs "
                        f"{_gib(need)} GiB per GPU but {_budget_text(budget)}; the CPU offload "

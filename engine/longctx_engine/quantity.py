@@ -10,6 +10,9 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$
 
 # The same grammar as the CRD's pattern for size fields (no milli units: these are bytes).
 PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+# A size the planner may compute instead (schema.SizeOrAuto): the same grammar, or `auto`.
+AUTO = "auto"
+PATTERN_OR_AUTO = f"^({AUTO}|{PATTERN[1:-1]})$"
 
 MiB = 2**20
 GiB = 2**30

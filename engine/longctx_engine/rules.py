@@ -20,7 +20,7 @@ from .contract import ROLES
 from .extra_args import extra_args_problems
 from .layout import role_layout
 from .memory import pod_memory
-from .quantity import parse_bytes
+from .quantity import AUTO, parse_bytes
 from .schema import APIObject, Rule
 
 
@@ -89,7 +89,8 @@ def problems(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> 
             out.append(str(e))
         out += extra_args_problems(spec, role)
     out += toleration_problems(spec)
-    if spec.decode.hiSparse.enabled and not _positive(spec.decode.hiSparse.hostPoolPerRank):
+    if spec.decode.hiSparse.enabled and spec.decode.hiSparse.hostPoolPerRank != AUTO \
+            and not _positive(spec.decode.hiSparse.hostPoolPerRank):
         out.append(f"spec.decode.hiSparse.hostPoolPerRank is {spec.decode.hiSparse.hostPoolPerRank}"
                    "; it must be positive with HiSparse (or set spec.decode.hiSparse.enabled "
                    "to false)")

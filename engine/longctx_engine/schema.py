@@ -17,12 +17,18 @@ import typing
 from typing import Any, ClassVar
 
 from .quantity import PATTERN as QUANTITY_PATTERN
+from .quantity import PATTERN_OR_AUTO
 
 _MISSING = dataclasses.MISSING
 
 
 class Quantity(str):
     """A byte size written as a Kubernetes quantity ("48Gi") or an integer."""
+
+
+class SizeOrAuto(Quantity):
+    """A Quantity, or `auto`: the least size the planner proves enough (only the fields that
+    declare this type accept `auto`)."""
 
 
 class Preserved(dict):
@@ -164,8 +170,9 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         return {"type": "boolean"}
     if tp is int:
         return {"type": "integer", "format": "int64"}
-    if tp is Quantity:
-        return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN,
+    if tp in (Quantity, SizeOrAuto):
+        return {"x-kubernetes-int-or-string": True,
+                "pattern": PATTERN_OR_AUTO if tp is SizeOrAuto else QUANTITY_PATTERN,
                 "anyOf": [{"type": "integer"}, {"type": "string"}]}
     if tp is str:
         return {"type": "string"}
@@ -276,8 +283,8 @@ def _load_value(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{path}: expected an integer, got {value!r}")
         return value
-    if tp is Quantity:
-        return Quantity(str(value))
+    if tp in (Quantity, SizeOrAuto):
+        return tp(str(value))
     if tp is str:
         return str(value)
     if tp is Preserved:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -384,6 +385,63 @@ def test_gpu_figures_are_bounded_by_the_gpu():
                              "spec.capacity.activationReservePerGpu (1Ti)")):
         offline = planner.plan(spec_with(capacity=capacity))
         assert not offline.fits and field in offline.refusal, offline.refusal
+
+
+# ------------------------------------------------------------ every refusal offers a value that fits
+
+
+def _offered(pattern: str, refusal: str) -> str:
+    found = re.findall(pattern, refusal)
+    assert found, refusal
+    return found[0]
+
+
+def test_an_unknown_kv_budget_is_refused_with_the_budget_one_request_needs():
+    arch = {k: v for k, v in api.dump(GLM).items() if k not in ("parameterBytes",
+                                                                 "replicatedParameterBytes")}
+    spec = spec_with(model={"preset": None, "architecture": arch})
+    plan = planner.plan(spec)
+    assert not plan.fits
+    # Both roles are refused, each with what it needs: the larger fits both.
+    offered = re.findall(r"kvBudgetPerGpu to at least (\d+)Gi", plan.refusal)
+    budget = f"{max(int(v) for v in offered)}Gi"
+    assert planner.plan(spec_with(model={"preset": None, "architecture": arch},
+                                  capacity={"kvBudgetPerGpu": budget})).fits
+
+
+def test_a_hisparse_request_too_large_for_the_gpu_is_refused_with_a_context_that_fits():
+    spec = spec_with(capacity={"kvBudgetPerGpu": "2Gi"})
+    plan = planner.plan(spec)
+    assert not plan.fits and "HiSparse request keeps" in plan.refusal
+    tokens = int(_offered(r"HiSparse request keeps .*?maxContextTokens to at most (\d+)",
+                          plan.refusal))
+    assert planner.plan(spec_with(capacity={"kvBudgetPerGpu": "2Gi"},
+                                  maxContextTokens=tokens)).decode.fits
+    assert not planner.plan(spec_with(capacity={"kvBudgetPerGpu": "2Gi"},
+                                      maxContextTokens=tokens + 64)).decode.fits
+
+
+@pytest.mark.parametrize("change", [{"decode": {"cpuOffloadPerRank": "300Gi"}},
+                                    {"decode": {"hiSparse": {"hostPoolPerRank": "200Gi"}}}])
+def test_a_pod_too_large_for_the_nodes_is_refused_with_a_value_that_fits(change):
+    nodes = [_node("h200", "1Ti")]
+    plan = planner.plan(spec_with(**change), nodes)
+    assert not plan.fits
+    value = _offered(r"lower it to at most (\d+Gi)", plan.refusal)
+    ((role, fields),) = change.items()
+    ((name, old),) = fields.items()
+    fixed = {role: {name: {"hostPoolPerRank": value} if isinstance(old, dict) else value}}
+    assert planner.plan(spec_with(**fixed), nodes).fits
+
+
+def test_an_auto_pool_too_large_for_the_nodes_is_refused_with_the_requests_that_fit():
+    nodes = [_node("h200", "1Ti")]
+    spec = spec_with(decode={"hiSparse": {"hostPoolPerRank": "auto", "requestsPerRank": 3}})
+    plan = planner.plan(spec, nodes)
+    assert not plan.fits and "hostPoolPerRank (auto = " in plan.refusal
+    requests = int(_offered(r"requestsPerRank \(3\) to at most (\d+)", plan.refusal))
+    assert planner.plan(spec_with(decode={"hiSparse": {"requestsPerRank": requests}}),
+                        nodes).fits
 
 
 def test_a_node_without_a_memory_quantity_is_ignored():
