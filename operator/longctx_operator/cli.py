@@ -38,6 +38,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cr = read_manifest(args.file)
     spec = api.load_spec(cr.get("spec"))
+    if args.suggest:
+        return _suggest(spec, args)
     capacity = plan(spec)
     try:
         profile = hardware.load_profile(args.hardware) if args.hardware else None
@@ -72,6 +74,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
             text += "\n" + render_compare(rows)
         print(text)
     return 0 if capacity.fits else 3
+
+
+def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> int:
+    from longctx_engine.plan_report import render_table
+    from longctx_engine.quantity import parse_bytes
+    from longctx_engine.suggest import suggest
+
+    try:
+        memory = None if args.node_memory is None else parse_bytes(args.node_memory,
+                                                                   "--node-memory")
+        found = suggest(spec, args.gpus_per_node, memory)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    if args.output == "json":
+        print(json.dumps({"suggestion": found.changes, **found.plan.to_json()}, indent=2))
+    else:
+        print("Smallest layout that fits (set these in spec):\n"
+              + yaml.safe_dump(found.changes, sort_keys=False) + "\n" + render_table(found.plan))
+    return 0 if found.plan.fits else 3
 
 
 class ManifestDumper(yaml.SafeDumper):
@@ -169,12 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "`longctx-kernels preflight --write-profile FILE` (default: H200)")
     p.add_argument("--compare", action="store_true", help="the seed's alternative layouts "
                    "(DP8 prefill, TP8, PCP without DCP, offload-only decode) on the same GPUs")
+    p.add_argument("--suggest", action="store_true", help="propose the smallest prefill and "
+                   "decode layouts that hold maxContextTokens on nodes of --gpus-per-node GPUs "
+                   "(and --node-memory host memory)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="with --suggest (default 8)")
+    p.add_argument("--node-memory", help="with --suggest: allocatable host memory of a node, "
+                   "e.g. 2Ti (default: not checked)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="every child object as YAML (offline, like helm template)")
     p.add_argument("-f", "--file", required=True, help="manifest file, or - for stdin")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
-    p.add_argument("--pod-monitor", action="store_true", help="include the PodMonitor")
+    p.add_argument("--pod-monitor", action="store_true",
+                   help="include the PodMonitors (vLLM ranks, endpoint picker)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("crd", help="print (or --write) the generated CRD")
