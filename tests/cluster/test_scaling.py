@@ -280,6 +280,10 @@ def test_a_real_hpa_scales_units_through_scale(cluster, operator, namespace,
 @pytest.fixture
 def racks(cluster) -> Iterator[dict[str, str]]:
     nodes = {"h200-0": "a", "h200-1": "a", "h200-2": "b", "h200-3": "b"}
+    # Every GPU is needed: wait for the pods of earlier tests' namespaces to be gone.
+    wait_for(lambda: not [p for p in json.loads(cluster.kubectl(
+        "get", "pods", "-A", "-o", "json").stdout)["items"]
+        if p["spec"].get("nodeName") in nodes], 120, "the simulated nodes free")
     for node, rack in nodes.items():
         cluster.kubectl("label", "node", node, f"{RACK}={rack}", "--overwrite")
     try:

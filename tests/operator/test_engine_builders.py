@@ -165,3 +165,14 @@ def test_a_decode_only_edit_changes_only_the_decode_pods():
     assert digest(before, "prefill") == digest(after, "prefill")
     assert digest(before, "decode") != digest(after, "decode")
     assert before[("StatefulSet", "glm-prefill")] == after[("StatefulSet", "glm-prefill")]
+
+
+def test_a_topology_key_spreads_prefill_pods_over_the_domains():
+    cr = copy.deepcopy(CR)
+    cr["spec"].setdefault("placement", {})["topologyKey"] = "example.com/rack"
+    (spread,) = pod(objects(cr), "prefill")["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["maxSkew"], spread["whenUnsatisfiable"]) == (
+        "example.com/rack", 1, "DoNotSchedule")
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "prefill"
+    assert "topologySpreadConstraints" not in pod(objects(cr), "decode")
+    assert "topologySpreadConstraints" not in pod(objects(), "prefill")

@@ -176,6 +176,19 @@ def _affinity(cr_name: str, role: RolePlan) -> dict[str, Any]:
     return out
 
 
+def _spread(cr_name: str, role: RolePlan) -> dict[str, Any]:
+    """With a topology key, a revision's prefill pods spread over the domains, so that each
+    domain keeps room for the decode pods that follow its prefill pods (two prefill pods
+    in one domain could leave their decode pods nowhere to go)."""
+    key = role.spec.placement.topologyKey
+    if not key or role.role != "prefill":
+        return {}
+    return {"topologySpreadConstraints": [{
+        "maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": contract.selector_labels(cr_name, "prefill")},
+        "matchLabelKeys": [contract.PAIRING_LABEL]}]}
+
+
 def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
     """Changes whenever what the role's engine reads from the shared config changes (its
     command, the preflight switch), so an edit of one role restarts only that role's pods."""
@@ -208,6 +221,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         "containers": [engine],
         "volumes": volumes,
         "affinity": _affinity(cr_name, role),
+        **_spread(cr_name, role),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "automountServiceAccountToken": False,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
