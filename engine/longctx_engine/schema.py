@@ -155,6 +155,12 @@ class APIObject:
 # ---------------------------------------------------------------- schema
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of an API class (resolving them compiles each one)."""
+    return typing.get_type_hints(cls)
+
+
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -206,7 +212,7 @@ def _default_json(value: Any) -> Any:
 
 def object_schema(cls: type) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of an API dataclass."""
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
     cel: list[dict[str, Any]] = [r.cel() for r in cls.CEL]
@@ -256,7 +262,7 @@ def load(cls: type, data: Any, path: str = "spec") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
