@@ -29,6 +29,9 @@ WATCH_SECONDS = 240
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     obj.get("metadata", {}).pop("managedFields", None)
+    if obj.get("kind") == "CustomResourceDefinition":   # only whether it is established
+        obj = {"kind": obj["kind"], "metadata": obj["metadata"],
+               "status": {"conditions": (obj.get("status") or {}).get("conditions", [])}}
     return obj
 
 
@@ -90,11 +93,12 @@ class Store:
 class Reflector(threading.Thread):
     """Keeps one Store in step with the API server (daemon thread)."""
 
-    def __init__(self, kube: Kube, store: Store, namespace: str | None):
+    def __init__(self, kube: Kube, store: Store, namespace: str | None,
+                 selector: str = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"):
         super().__init__(daemon=True, name=f"reflector-{store.kind.plural}")
         self.kube, self.store, self.namespace = kube, store, namespace
         self.stopping = threading.Event()
-        self.selector = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"
+        self.selector = selector
 
     def run(self) -> None:
         backoff = 0.5
@@ -151,6 +155,10 @@ class Caches:
         self.stores = {k.kind: Store(k, scopes) for k in contract.WATCHED_KINDS}
         self._reflectors = [Reflector(kube, self.stores[k.kind], ns)
                             for k in contract.WATCHED_KINDS for ns in scopes]
+        # The CRDs the optional kinds need: asked for by every reconcile, so kept here.
+        crd = contract.KIND_BY_NAME["CustomResourceDefinition"]
+        self.crds = Store(crd, (None,))
+        self._reflectors.append(Reflector(kube, self.crds, None, selector=""))
 
     def start(self) -> None:
         for r in self._reflectors:
@@ -164,6 +172,15 @@ class Caches:
         deadline = time.monotonic() + timeout
         return all(s.synced.wait(max(deadline - time.monotonic(), 0))
                    for s in self.stores.values())
+
+    def crd_established(self, name: str) -> bool | None:
+        """Whether a CRD is installed and established; None until the CRD list is in."""
+        if not self.crds.synced.is_set():
+            return None
+        crd = self.crds.get("", name)
+        return crd is not None and any(
+            c.get("type") == "Established" and c.get("status") == "True"
+            for c in crd["status"]["conditions"])
 
     def store(self, kind: str) -> Store | None:
         store = self.stores.get(kind)

@@ -213,6 +213,9 @@ class Kube:
     def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
         """Whether a CRD is installed. A CRD found is trusted for `max_age` seconds; one
         absent is asked for again each time, so a newly installed one is used at once."""
+        cached = self.caches.crd_established(name) if self.caches is not None else None
+        if cached is not None:
+            return cached
         checked = self._crds.get(name)
         if checked and checked[1] and time.monotonic() - checked[0] < max_age:
             return True

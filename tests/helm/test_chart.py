@@ -28,7 +28,7 @@ NAMESPACED = {
     ("gateway.networking.k8s.io", "httproutes"): ("get", "list", "create", "patch", "delete"),
     ("monitoring.coreos.com", "podmonitors"): ("get", "list", "create", "patch", "delete"),
     ("monitoring.coreos.com", "prometheusrules"): ("get", "list", "create", "patch", "delete"),
-    ("autoscaling", "horizontalpodautoscalers"): ("get", "list", "create", "patch", "delete"),
+    ("autoscaling", "horizontalpodautoscalers"): CRUD,
     ("keda.sh", "scaledobjects"): ("get", "list", "create", "patch", "delete"),
     # patch: a pod removed by a scale-down leaves the pool first (its serving label).
     ("", "pods"): ("get", "list", "watch", "patch"),
