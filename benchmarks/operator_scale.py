@@ -71,7 +71,9 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=int, default=60)
     args = parser.parse_args()
 
-    cp = ControlPlane(nodes=4).start()
+    # Every CR runs one endpoint-picker pod (4 CPUs requested): enough simulated nodes
+    # (224 CPUs, 110 pods each) that they all schedule.
+    cp = ControlPlane(nodes=max(4, -(-args.crs // 50))).start()
     operator = None
     try:
         for f in [REPO / "crds" / "longctx.dev_longcontextdeployments.yaml",
@@ -98,7 +100,7 @@ def main() -> int:
         docs = []
         for i in range(args.crs):
             cr = json.loads(json.dumps(base))
-            cr["metadata"] = {"name": f"lcd-{i:03d}", "namespace": NAMESPACE}
+            cr["metadata"] = {"name": f"lcd-{i:04d}", "namespace": NAMESPACE}
             docs.append(yaml.safe_dump(cr))
 
         print(f"creating {args.crs} CRs ({per_cr} children each) ...", flush=True)
