@@ -22,7 +22,6 @@ from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.quantity import parse_bytes
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
 from longctx_engine.rules import RecipeError
-from longctx_engine.layout import role_layout
 from longctx_engine.scaling import scale_status
 from longctx_engine.schema import SpecError
 from longctx_engine.topology import topology_plan
@@ -54,6 +53,10 @@ class Outcome:
     deleted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     status_written: bool = False
+
+    def wake_within(self, seconds: float) -> None:
+        """Ask for a reconcile after at most `seconds`, with no event (the earliest wins)."""
+        self.wake_after = seconds if self.wake_after is None else min(self.wake_after, seconds)
 
 
 def matches(desired: Any, live: Any) -> bool:
@@ -148,7 +151,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         outcome.events += step.events
         outcome.rollout_phase = step.phase
         if step.wake_after is not None:
-            outcome.wake_after = min(outcome.wake_after or step.wake_after, step.wake_after)
+            outcome.wake_within(step.wake_after)
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
@@ -159,7 +162,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         desired_replicas = {role: (observed.statefulsets.get(role) or {}).get("spec", {}).get(
             "replicas", 0) for role in contract.ROLES}
     else:
-        desired_replicas = {role: role_layout(spec, role).replicas for role in contract.ROLES}
+        desired_replicas = {role.role: role.replicas for role in plan.roles}
     _count_zero_capacity(name, namespace, observed, desired_replicas)
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
@@ -358,7 +361,7 @@ def _drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: 
                      f"after {drain:.0f} s of drain") if leave else
                     ("Normal", "ScaleDownCancelled", f"pod {pod} rejoins the pool"))
         if down.wake_after is not None:
-            outcome.wake_after = min(outcome.wake_after or down.wake_after, down.wake_after)
+            outcome.wake_within(down.wake_after)
 
 
 def _observe(kube: Kube, name: str, namespace: str,
