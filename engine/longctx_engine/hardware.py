@@ -2,8 +2,9 @@
 
 A profile is plain JSON (`save_profile` / `load_profile`), so `longctx-kernels preflight
 --write-profile FILE` can measure a node and `longctx plan --hardware FILE` can use it. The
-H200 default is the project's own measurement where one exists (docs/benchmarks.md, one H200
-SXM, torch 2.11, CUDA 13.0) and a datasheet figure otherwise; `SOURCES` says which.
+H200 default is the project's own measurement on one H200 SXM where one exists
+(docs/benchmarks.md, benchmarks/prefill_step_kernels.py; torch 2.11, CUDA 13.0) and a
+datasheet or documented figure otherwise; `SOURCES` says which.
 
 Efficiencies are the fraction of a rate that one class of kernel reaches; the performance
 model multiplies them in (docs/performance.md says which measurement calibrates each).
@@ -19,9 +20,17 @@ from typing import Any
 
 # Kernel classes and the fraction of the profile's rate each reaches.
 DEFAULT_EFFICIENCY: dict[str, float] = {
-    # FP8 GEMMs (projections, experts) at the profile's fp8 rate: DeepGEMM-class kernels reach
-    # ~0.75 of a measured dense peak at prefill shapes; decode GEMMs are HBM-bound instead.
+    # FP8 GEMMs (projections, the experts' compute) at the profile's fp8 rate, from 1024 rows a
+    # GPU up: cuBLASLt fp8 GEMMs of GLM-5.3's projection shapes reach 0.75 at M=1024 and 0.76 at
+    # M=8192 (benchmarks/prefill_step_kernels.py). Decode GEMMs are HBM-bound instead.
     "gemm": 0.75,
+    # The same GEMMs at 256 rows a GPU (a 2K chunk under PCP8): 0.52, too few output tiles to
+    # fill the SMs. Between 256 and 1024 rows the model interpolates on log(rows).
+    "gemmFewRows": 0.52,
+    # Routed experts, weight-read bound (a few dozen rows an expert): an fp8 grouped GEMM over
+    # the 32 local experts of EP8 reads its weights at 0.64 of the copy bandwidth at 32, 64 and
+    # 128 rows an expert (gate/up 0.65-0.66, down 0.58-0.62).
+    "expertGemm": 0.64,
     # Sparse-MLA prefill (FlashMLA): 640 TFLOP/s published on H800 (the H200's SMs), over the
     # measured bf16 matmul rate of 770 TFLOP/s.
     "sparseMlaPrefill": 0.83,
@@ -37,6 +46,10 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
     # Indexer decode logits (DeepGEMM fp8_paged_mqa_logits): 149 us against a 134.9 us floor
     # at B=64, L=64K on H200.
     "indexerDecode": 0.90,
+    # Prefill top-k's scan of the logits, beside its fixed selection time (topkSelectS): a radix
+    # top-k of 256 rows reads 67,584 and 253,952 logits a row at the copy bandwidth (the slope
+    # between the two shapes, benchmarks/prefill_step_kernels.py).
+    "topkScan": 1.0,
     # HiSparse gather of missing 656-B rows from pinned host memory: 82% of pinned H2D measured.
     "hostGather": 0.82,
 }
@@ -50,10 +63,13 @@ class HardwareProfile:
     hbmBytesPerS: float            # device copy, bytes read + written per second
     bf16FlopsPerS: float           # dense bf16 matmul
     fp8FlopsPerS: float            # dense fp8 matmul
-    nvlinkBytesPerS: float         # bytes one GPU receives per second in an NCCL all-gather
+    nvlinkBytesPerS: float         # NCCL bus bandwidth of a collective over the node's GPUs:
+                                   # an all-gather's bytes one GPU receives per second
     pcieBytesPerS: float           # pinned host -> device, one GPU
     rdmaBytesPerS: float           # one GPU's NIC, one direction (NIXL prefill -> decode)
     kernelLaunchS: float           # one kernel inside a CUDA graph
+    eagerKernelS: float            # one kernel queued in an eager stream (host ahead)
+    topkSelectS: float             # a prefill top-k's fixed selection time, one call
     collectiveLatencyS: float      # fixed cost of one NCCL collective inside a node
     efficiency: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
 
@@ -66,10 +82,12 @@ H200 = HardwareProfile(
     hbmBytesPerS=4.23e12,
     bf16FlopsPerS=770e12,
     fp8FlopsPerS=1540e12,
-    nvlinkBytesPerS=222e9,
+    nvlinkBytesPerS=360e9,
     pcieBytesPerS=55.3e9,
     rdmaBytesPerS=50e9,
     kernelLaunchS=1.5e-6,
+    eagerKernelS=1.9e-6,
+    topkSelectS=30e-6,
     collectiveLatencyS=10e-6,
 )
 
@@ -77,12 +95,21 @@ SOURCES: dict[str, str] = {
     "hbmBytesPerS": "measured: 4 GiB device copy, read + written (4.18-4.23 TB/s over runs)",
     "bf16FlopsPerS": "measured: bf16 matmul 8192^3 (764-792 TFLOP/s over runs)",
     "fp8FlopsPerS": "2 x the measured bf16 rate (Hopper's fp8 tensor-core rate is twice bf16)",
-    "nvlinkBytesPerS": "measured: DCP all-gather of 83 MB a rank, 2 H200 over NVLink, NVLS off "
-                       "(222 GB/s a rank; 171 GB/s at 21 MB)",
+    "nvlinkBytesPerS": "documented, not measured here (no 8-GPU machine): NCCL's bus bandwidth "
+                       "for collectives other than all-reduce on 8 NVLink-4 GPUs is ~360-370 "
+                       "GB/s, the 450 GB/s line rate less protocol overhead (NCCL maintainer, "
+                       "NVIDIA/nccl-tests issues 212 and 326); H200 has H100's 18 links. The "
+                       "project's 2-GPU all-gather measured 171-222 GB/s a rank (21-83 MB)",
     "pcieBytesPerS": "measured: 1 GiB pinned host -> device copy (52.9-55.4 GB/s over runs)",
     "rdmaBytesPerS": "not measured (the test hosts have no RDMA device): one 400 Gb/s "
                      "ConnectX-7 NIC per GPU, as HGX H200 nodes ship",
-    "kernelLaunchS": "measured: a one-element kernel inside a CUDA graph (1.2-1.8 us)",
+    "kernelLaunchS": "measured: a one-element kernel inside a CUDA graph (1.05-1.8 us over runs)",
+    "eagerKernelS": "measured: one-element kernels back to back in an eager stream, queued "
+                    "behind a sleep so the host is ahead (1.89-1.91 us; the host takes ~10 us "
+                    "to issue one torch op)",
+    "topkSelectS": "measured: a radix top-k of 2048 over 256 rows takes 46.9 us at 67,584 and "
+                   "92.1 us at 253,952 columns; the intercept of the two, 30 us, is its fixed "
+                   "selection time",
     "collectiveLatencyS": "not measured: NCCL's tuned minimum is 2.3 us (8 B all-reduce); an "
                           "expert-parallel dispatch or combine pays several of them",
 }

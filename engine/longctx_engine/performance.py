@@ -36,8 +36,21 @@ FLASHMLA_HEAD_TILE = 64
 MIN_HEADS_FOR_BF16_PREFILL = 32
 LSE_BYTES = 4                   # fp32 log-sum-exp of one head's partial output
 TOPK_CANDIDATE_BYTES = 8        # (score, global id) of one local top-k candidate under DCP
-KERNELS_PER_LAYER = 20          # norms, projections, rope, cache write, indexer, top-k,
-                                # attention, router, dispatch, experts, combine, residuals
+# Kernels of one layer's forward in vLLM 0.33 (GLM-5.3 / DeepSeek-V3.2 MoE layer, counted from
+# its source): ~20 for attention (norms, fused projections with their activation quantization,
+# rope, the absorbed bmms, KV cache write, index conversion, sparse MLA), ~15 for the indexer
+# (projections, quantization, key cache write and gather, logits, top-k), ~20 for the MoE
+# (router, grouped top-k, dispatch, permute, quantization, two grouped GEMMs, activation,
+# combine, shared expert, residual).
+KERNELS_PER_LAYER = 55
+# What vLLM's PCP x DCP prefill adds: the KV all-gather per layer, and per indexer layer two
+# all-gathers (keys, scales) and two de-interleaves.
+DCP_GATHER_KERNELS_PER_LAYER = 1
+DCP_GATHER_KERNELS_PER_INDEX_LAYER = 4
+# GEMM efficiency is measured at these rows a GPU ("gemmFewRows", "gemm"); between, it is
+# interpolated on log(rows).
+FEW_GEMM_ROWS, MANY_GEMM_ROWS = 256, 1024
+FP32 = 4
 DISPATCH_BYTES = 1              # EP dispatch of fp8 activations
 COMBINE_BYTES = 2               # EP combine of bf16 expert outputs
 BF16 = 2
@@ -135,6 +148,17 @@ class Costs:
         return max(self.categories, key=self.categories.get) if self.categories else "-"
 
 
+def _gemm_eff(hw: HardwareProfile, rows: float) -> float:
+    """Fraction of the fp8 rate a GEMM of `rows` rows a GPU reaches: few rows leave SMs idle."""
+    few, many = hw.eff("gemmFewRows"), hw.eff("gemm")
+    if rows <= FEW_GEMM_ROWS:
+        return few
+    if rows >= MANY_GEMM_ROWS:
+        return many
+    return few + (many - few) * math.log(rows / FEW_GEMM_ROWS) / math.log(
+        MANY_GEMM_ROWS / FEW_GEMM_ROWS)
+
+
 def _touched_experts(shape: Shape, assignments: float) -> float:
     """Expected share of experts that `assignments` uniform token-to-expert routings touch."""
     return 1.0 - (1.0 - 1.0 / shape.experts) ** assignments
@@ -154,7 +178,7 @@ def _experts(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile,
                  2 * shape.expert_bytes * assignments / split * shape.moe_layers,
                  hw.fp8FlopsPerS, hw.eff("gemm"),
                  local * _touched_experts(shape, assignments) * shape.expert_bytes
-                 * shape.moe_layers, hw.eff("hbm"))
+                 * shape.moe_layers, hw.eff("expertGemm"))
     if layout.expertParallel and split > 1:
         moved = (split - 1) / split * group_tokens * shape.hidden \
             * (DISPATCH_BYTES + COMBINE_BYTES)
@@ -188,8 +212,8 @@ def _tp_all_reduce(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile,
                    * shape.layers, shape.layers)
 
 
-def _launches(costs: Costs, shape: Shape, hw: HardwareProfile) -> None:
-    costs.add("launches", KERNELS_PER_LAYER * shape.layers * hw.kernelLaunchS, "launch")
+def _launches(costs: Costs, kernels: float, per_kernel: float) -> None:
+    costs.add("launches", kernels * per_kernel, "launch")
 
 
 # ------------------------------------------------------------ prefill
@@ -217,12 +241,19 @@ def prefill_chunk(shape: Shape, layout: Any, hw: HardwareProfile, tokens: int,
     sequence = context + tokens
     # Projections (attention, indexer, shared expert, dense MLPs): replicated under PCP.
     costs.kernel("projections", hw, 2 * shape.replicated_bytes / tp * queries,
-                 hw.fp8FlopsPerS, hw.eff("gemm"), shape.replicated_bytes / tp, hw.eff("hbm"))
-    # Indexer: every query scores every earlier key (the quadratic term). TP replicates it.
+                 hw.fp8FlopsPerS, _gemm_eff(hw, queries), shape.replicated_bytes / tp,
+                 hw.eff("hbm"))
+    # Indexer: every query scores every earlier key (the quadratic term) into fp32 logits.
+    # TP replicates it.
     scored = (tokens * context + tokens * (tokens + 1) / 2) / pcp
     costs.kernel("indexer", hw, shape.index_flops_per_key * scored * shape.index_layers,
                  hw.fp8FlopsPerS, hw.eff("indexerPrefill"),
-                 2 * 4 * scored * shape.index_layers, hw.eff("hbm"))  # fp32 logits, top-k
+                 FP32 * scored * shape.index_layers, hw.eff("hbm"))
+    # Top-k of each query's logits: a scan of the row, then a selection whose time is fixed.
+    costs.kernel("indexerTopK", hw, 0.0, hw.bf16FlopsPerS, 1.0,
+                 FP32 * (scored + queries * shape.top_k) * shape.index_layers,
+                 hw.eff("topkScan"))
+    costs.add("indexerTopK", hw.topkSelectS * shape.index_layers, "compute")
     # Sparse MLA at top-k over absorbed projections: linear in the chunk, flat in context.
     keys = _attended_keys(shape, context, tokens) / pcp
     gathers_kv = pcp > 1 and dcp > 1
@@ -264,7 +295,12 @@ def prefill_chunk(shape: Shape, layout: Any, hw: HardwareProfile, tokens: int,
         costs.link("pcpAllGather", hw, (pcp - 1) / pcp * tokens
                    * (shape.row_bf16 * shape.layers + shape.index_row * shape.index_layers),
                    shape.layers + shape.index_layers)
-    _launches(costs, shape, hw)
+    # A prefill step runs eagerly (vLLM captures graphs for decode batches).
+    kernels = KERNELS_PER_LAYER * shape.layers
+    if gathers_kv:
+        kernels += DCP_GATHER_KERNELS_PER_LAYER * shape.layers \
+            + DCP_GATHER_KERNELS_PER_INDEX_LAYER * shape.index_layers
+    _launches(costs, kernels, hw.eagerKernelS)
     return costs
 
 
@@ -337,7 +373,7 @@ def _decode_pass(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile, b
     tokens = batch * rows
     share = layers.layers / shape.layers
     costs.kernel("projections", hw, 2 * shape.replicated_bytes * share / tp * tokens,
-                 hw.fp8FlopsPerS, hw.eff("gemm"), shape.replicated_bytes * share / tp,
+                 hw.fp8FlopsPerS, _gemm_eff(hw, tokens), shape.replicated_bytes * share / tp,
                  hw.eff("hbm"))
     heads = min(shape.heads, shape.heads // tp * dcp)   # after the DCP query gather
     keys = shape.top_k / dcp
@@ -358,8 +394,8 @@ def _decode_pass(costs: Costs, shape: Shape, layout: Any, hw: HardwareProfile, b
         _dcp_query_exchange(costs, shape, hw, tokens, heads, dcp, layers.layers,
                             layers.index_layers)
     costs.kernel("lmHead", hw, 2 * shape.lm_head_bytes / BF16 / tp * tokens, hw.bf16FlopsPerS,
-                 hw.eff("gemm"), shape.lm_head_bytes / tp, hw.eff("hbm"))
-    _launches(costs, layers, hw)
+                 _gemm_eff(hw, tokens), shape.lm_head_bytes / tp, hw.eff("hbm"))
+    _launches(costs, KERNELS_PER_LAYER * layers.layers, hw.kernelLaunchS)   # a CUDA graph
 
 
 def decode_step(spec: LongContextDeploymentSpec, shape: Shape, layout: Any,

@@ -66,8 +66,9 @@ def test_pcp_dcp_prefill_gathers_the_whole_sequence_as_bf16_every_layer(shape, l
 def test_dcp8_overhead_grows_with_the_cached_context_as_the_seed_says(shape, layouts):
     """The seed: a 2K-token chunk on PCP8 pays ~6% for DCP8 up to 64K cached tokens and ~15%
     at 248K. The model reaches the short end (8K) and the growth from 64K to 248K within the
-    issue's 40%; at 64K and 248K themselves it does not (33% and 96%: the gather is
-    bandwidth, the roofline step too short; docs/performance.md)."""
+    issue's 40%; at 64K and 248K themselves it does not (18% and 50%: vLLM's gather of the
+    whole sequence in bf16 is bandwidth no measured kernel of the step outweighs;
+    docs/performance.md)."""
     prefill, _ = layouts
     at_8k, at_64k, at_248k = (_dcp_overhead(shape, prefill, c * K) for c in (8, 64, 248))
     assert at_8k == pytest.approx(0.06, rel=0.4)
@@ -75,16 +76,52 @@ def test_dcp8_overhead_grows_with_the_cached_context_as_the_seed_says(shape, lay
     assert at_248k / at_64k == pytest.approx(15 / 6, rel=0.4)
 
 
-def test_the_seeds_dcp8_overhead_at_64k_needs_a_step_beyond_the_roofline(shape, layouts):
-    """Even at NVLink's 450 GB/s datasheet peak a GPU receives, vLLM's gather of a 64K
-    context is more than 6% of the modelled PCP8 step: the seed's step must be longer than a
-    roofline (what docs/performance.md says is not modelled)."""
+def test_the_seeds_dcp8_overhead_at_64k_needs_a_step_beyond_the_model(shape, layouts):
+    """Even at NVLink 4's 450 GB/s line rate, with no protocol overhead, vLLM's gather of a 64K
+    context is more than the seed's 6% + 40% of the modelled PCP8 step: the seed's step must be
+    longer than the model's (what docs/performance.md says is not modelled)."""
     prefill, _ = layouts
     peak = dataclasses.replace(H200, nvlinkBytesPerS=450e9)
     with_dcp = performance.prefill_chunk(shape, prefill, peak, 2048, 64 * K)
     without = performance.prefill_chunk(shape, performance.without_dcp(prefill), peak, 2048,
                                         64 * K)
     assert performance.dcp_overhead(with_dcp, without) > 1.4 * 0.06
+
+
+def test_gemm_efficiency_follows_the_rows_a_gpu_computes():
+    """Measured at 256 rows ("gemmFewRows") and from 1024 up ("gemm"); between, on log(rows)."""
+    eff = performance._gemm_eff
+    assert eff(H200, 64) == eff(H200, 256) == H200.eff("gemmFewRows")
+    assert eff(H200, 1024) == eff(H200, 8192) == H200.eff("gemm")
+    assert eff(H200, 512) == pytest.approx((H200.eff("gemmFewRows") + H200.eff("gemm")) / 2)
+
+
+def test_prefill_top_k_scans_the_logits_then_selects_in_fixed_time(shape, layouts):
+    """The measured radix top-k: a fixed selection per call and a scan of the fp32 logits at
+    the copy bandwidth, one call per indexer layer and chunk."""
+    prefill, _ = layouts
+    short, long = (performance.prefill_chunk(shape, prefill, H200, 2048, c * K).terms
+                   ["indexerTopK"] for c in (64, 248))
+    fixed = shape.index_layers * H200.topkSelectS
+    scanned = 4 * 256 * 184 * K * shape.index_layers   # 184K more keys for each of 256 queries
+    assert long - short == pytest.approx(scanned / H200.hbmBytesPerS)
+    assert short > fixed
+
+
+def test_a_prefill_step_pays_eager_launches_and_a_decode_step_graphed_ones(spec, shape, layouts):
+    prefill, decode = layouts
+    pcp_dcp = performance.prefill_chunk(shape, prefill, H200, 2048, 64 * K).terms["launches"]
+    pcp = performance.prefill_chunk(shape, performance.without_dcp(prefill), H200, 2048,
+                                    64 * K).terms["launches"]
+    assert pcp == pytest.approx(performance.KERNELS_PER_LAYER * shape.layers * H200.eagerKernelS)
+    assert pcp_dcp - pcp == pytest.approx(H200.eagerKernelS * (
+        performance.DCP_GATHER_KERNELS_PER_LAYER * shape.layers
+        + performance.DCP_GATHER_KERNELS_PER_INDEX_LAYER * shape.index_layers))
+    step = performance.decode_step(spec, shape, decode, H200, 64 * K, 8)
+    assert step.costs.terms["launches"] > 0
+    graphed = dataclasses.replace(H200, kernelLaunchS=2 * H200.kernelLaunchS)
+    assert performance.decode_step(spec, shape, decode, graphed, 64 * K, 8).costs.terms[
+        "launches"] == pytest.approx(2 * step.costs.terms["launches"])
 
 
 def test_dcp_decode_moves_queries_and_partial_outputs_not_the_kv(spec, shape):
