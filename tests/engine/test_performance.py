@@ -88,6 +88,14 @@ def test_the_seeds_dcp8_overhead_at_64k_needs_a_step_beyond_the_model(shape, lay
     assert performance.dcp_overhead(with_dcp, without) > 1.4 * 0.06
 
 
+def test_read_as_2k_a_gpu_the_dcp8_overhead_is_within_40_percent_of_the_seed(shape, layouts):
+    """The seed's "2K-token chunk" read as 2K queries a GPU (a 16K-token step on PCP8): the
+    same gather and step give ~6% at 64K and ~15% at 248K (docs/performance.md)."""
+    prefill, _ = layouts
+    assert _dcp_overhead(shape, prefill, 64 * K, chunk=16 * K) == pytest.approx(0.06, rel=0.4)
+    assert _dcp_overhead(shape, prefill, 248 * K, chunk=16 * K) == pytest.approx(0.15, rel=0.4)
+
+
 def test_gemm_efficiency_follows_the_rows_a_gpu_computes():
     """Measured at 256 rows ("gemmFewRows") and from 1024 up ("gemm"); between, on log(rows)."""
     eff = performance._gemm_eff
