@@ -53,7 +53,7 @@ def record(kernel: str, shape: str, ms: float, bytes_: float, flops: float, note
 
 
 def fp8_weights(groups: int, k: int, n: int) -> torch.Tensor:
-    """(groups, k, n) fp8, column-major in its last two dimensions, as _scaled_grouped_mm takes B."""
+    """(groups, k, n) fp8, column-major in its last two dimensions (_scaled_grouped_mm's B)."""
     w = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16).to(FP8)
     return w.transpose(-2, -1)
 
@@ -110,7 +110,8 @@ def topk() -> None:
     rows, k = 256, 2048
     for cols in (65536 + 2048, 253952):
         per_set = 4 * rows * cols
-        sets = [torch.randn(rows, cols, device="cuda") for _ in range(measure.cold_sets_needed(per_set))]
+        sets = [torch.randn(rows, cols, device="cuda")
+                for _ in range(measure.cold_sets_needed(per_set))]
         lens = torch.full((rows,), cols, device="cuda", dtype=torch.int32)
         out = torch.empty(rows, k, device="cuda", dtype=torch.int32)
         ids = radix_topk_cuda(sets[0], lens, k, out=out)

@@ -36,7 +36,7 @@ FLASHMLA_HEAD_TILE = 64
 MIN_HEADS_FOR_BF16_PREFILL = 32
 LSE_BYTES = 4                   # fp32 log-sum-exp of one head's partial output
 TOPK_CANDIDATE_BYTES = 8        # (score, global id) of one local top-k candidate under DCP
-# Kernels of one layer's forward in vLLM 0.33 (GLM-5.3 / DeepSeek-V3.2 MoE layer, counted from
+# Kernels of one layer's forward in vLLM 0.33 (GLM-5.3 / DeepSeek-V3.2 MoE layer, estimated from
 # its source): ~20 for attention (norms, fused projections with their activation quantization,
 # rope, the absorbed bmms, KV cache write, index conversion, sparse MLA), ~15 for the indexer
 # (projections, quantization, key cache write and gather, logits, top-k), ~20 for the MoE
