@@ -19,18 +19,77 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import kubernetes
+import urllib3
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
+from longctx_engine import contract  # noqa: E402
+from longctx_operator.kube import Kube, KubeError, collection_path  # noqa: E402
 from tests.cluster.controlplane import ControlPlane, free_port  # noqa: E402
 
 NAMESPACE = "scale"
+
+
+class Observer:
+    """Watches (not polls) the CRs and their children, so that observing adds one JSON
+    decode per change rather than a LIST of every object each second: records when each
+    child first exists and when each CR first reports Ready=True."""
+
+    def __init__(self, kubeconfig: Path, child_kinds: set[str]):
+        kubernetes.config.load_kube_config(config_file=str(kubeconfig))
+        self.kube = Kube()
+        self.ready_at: dict[str, float] = {}
+        self._children: dict[str, set[str]] = {}
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._watch, args=(contract.KIND_BY_NAME[k],),
+                                          daemon=True) for k in [*child_kinds, contract.KIND]]
+        for t in self._threads:
+            t.start()
+
+    def children(self) -> int:
+        return sum(len(names) for names in list(self._children.values()))
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _watch(self, kind: contract.Kind) -> None:
+        try:
+            self._follow(kind)
+        except (KubeError, urllib3.exceptions.HTTPError, OSError):
+            if not self._stopping.is_set():   # the control plane stopping ends it otherwise
+                raise
+
+    def _follow(self, kind: contract.Kind) -> None:
+        selector = "" if kind.kind == contract.KIND else \
+            f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"
+        seen = self._children.setdefault(kind.kind, set()) if selector else None
+        version = self.kube.list_raw(kind, NAMESPACE, selector)["metadata"]["resourceVersion"]
+        while not self._stopping.is_set():
+            query = [("watch", "true"), ("resourceVersion", version),
+                     ("labelSelector", selector), ("timeoutSeconds", "60")]
+            with self.kube.stream(collection_path(kind, NAMESPACE), query, 90) as response:
+                for line in response:
+                    if self._stopping.is_set():
+                        return
+                    event = json.loads(line) if line.strip() else {}
+                    obj = event.get("object") or {}
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    name = obj.get("metadata", {}).get("name")
+                    if event.get("type") not in ("ADDED", "MODIFIED") or not name:
+                        continue
+                    if seen is not None:
+                        seen.add(name)
+                    elif any(c["type"] == "Ready" and c["status"] == "True"
+                             for c in (obj.get("status") or {}).get("conditions", [])):
+                        self.ready_at.setdefault(name, time.monotonic())
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -58,6 +117,12 @@ def histogram_quantile(metrics: dict[str, float], q: float) -> float:
     return float("inf")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -69,6 +134,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--crs", type=int, default=100)
     parser.add_argument("--steady-seconds", type=int, default=60)
+    parser.add_argument("--timeout", type=int, default=900,
+                        help="seconds to wait for every CR to be Ready")
     args = parser.parse_args()
 
     # Every CR runs one endpoint-picker pod (4 CPUs requested): enough simulated nodes
@@ -96,7 +163,8 @@ def main() -> int:
         rendered = subprocess.run([sys.executable, "-m", "longctx_operator.cli", "render", "-f",
                                    "-"], input=yaml.safe_dump(base), capture_output=True,
                                   text=True, env=env, check=True).stdout
-        per_cr = sum(1 for d in yaml.safe_load_all(rendered) if d)
+        children = [d for d in yaml.safe_load_all(rendered) if d]
+        per_cr = len(children)
         docs = []
         for i in range(args.crs):
             cr = json.loads(json.dumps(base))
@@ -104,30 +172,23 @@ def main() -> int:
             docs.append(yaml.safe_dump(cr))
 
         print(f"creating {args.crs} CRs ({per_cr} children each) ...", flush=True)
+        observer = Observer(cp.kubeconfig, {d["kind"] for d in children})
+        processes = {"operator": operator.pid, **{n: p.pid for n, p in cp.processes.items()}}
+        cpu_before = {n: cpu_seconds(pid) for n, pid in processes.items()}
         created_at = time.monotonic()
         cp.kubectl("apply", "-f", "-", input="---\n".join(docs))
         expected = args.crs * per_cr
-        kinds = ("statefulsets,services,configmaps,poddisruptionbudgets,deployments,"
-                 "serviceaccounts,roles,rolebindings,inferencepools")
-        ready_at: dict[str, float] = {}
         children_at = None
-        while time.monotonic() - created_at < 900:
-            now = time.monotonic()
-            if children_at is None:
-                items = json.loads(cp.kubectl("get", kinds, "-n", NAMESPACE, "-l",
-                                              "app.kubernetes.io/managed-by=longctx-operator",
-                                              "-o", "json").stdout)["items"]
-                if len(items) >= expected:
-                    children_at = now
-            crs = json.loads(cp.kubectl("get", "lcd", "-n", NAMESPACE, "-o", "json").stdout)
-            for item in crs["items"]:
-                conds = {c["type"]: c["status"] for c in item.get("status", {}).get(
-                    "conditions", [])}
-                if conds.get("Ready") == "True":
-                    ready_at.setdefault(item["metadata"]["name"], now)
-            if children_at is not None and len(ready_at) == args.crs:
+        while time.monotonic() - created_at < args.timeout:
+            if children_at is None and observer.children() >= expected:
+                children_at = time.monotonic()
+            if children_at is not None and len(observer.ready_at) == args.crs:
                 break
-            time.sleep(1)
+            time.sleep(0.2)
+        observer.stop()
+        ready_at = observer.ready_at
+        busy = time.monotonic() - created_at
+        cpu = {n: cpu_seconds(pid) - cpu_before[n] for n, pid in processes.items()}
         at_creation = scrape(metrics_port)
         time.sleep(args.steady_seconds)
         steady = scrape(metrics_port)
@@ -149,6 +210,9 @@ def main() -> int:
              f"{(writes(steady) - writes(at_creation)) / args.crs:.2f}", "ideal: 0"),
             ("operator resident memory", f"{rss_mib(operator.pid):.0f} MiB", ""),
         ]
+        rows += [(f"CPU of {name} until all Ready", f"{used:.1f} s",
+                  f"{100 * used / busy:.0f}% of one core")
+                 for name, used in sorted(cpu.items(), key=lambda kv: -kv[1])]
         width = max(len(r[0]) for r in rows)
         print(f"\n{'metric':<{width}}  {'value':<28}  note")
         for name, value, note in rows:

@@ -215,13 +215,19 @@ class Kind:
     cluster_scoped: bool = False
 
     @property
+    def cached(self) -> bool:
+        """Whether the operator keeps a watch cache of it: every kind a reconcile reads,
+        namely its children, the pods and the CR itself."""
+        return self.managed or self.watched or self.status_patch
+
+    @property
     def access(self) -> tuple[str, ...]:
         """The RBAC verbs the operator needs on this kind: apply (create, patch), drift
         checks (get), clean-up (list, delete), Kopf's and the caches' watches."""
         if self.verbs:
             return self.verbs
         verbs = ["get", "list"]
-        if self.watched or self.status_patch:
+        if self.cached:
             verbs.append("watch")
         if self.managed:
             verbs += ["create", "patch", "delete"]
@@ -273,4 +279,5 @@ KINDS = (
 )
 MANAGED_KINDS = tuple(k for k in KINDS if k.managed)
 WATCHED_KINDS = tuple(k for k in KINDS if k.watched)
+CACHED_KINDS = tuple(k for k in KINDS if k.cached)
 KIND_BY_NAME = {k.kind: k for k in KINDS}

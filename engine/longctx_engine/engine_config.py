@@ -14,6 +14,8 @@ multi-document stream with exactly one of those (the output of `longctx render`)
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,14 @@ class EngineConfig:
 
 def render_engine_config(cr_name: str, namespace: str, spec: LongContextDeploymentSpec) -> str:
     """YAML text of the engine config (deterministic: same spec, same bytes)."""
-    doc = {"name": cr_name, "namespace": namespace, "spec": dump_spec(spec)}
+    return _render(cr_name, namespace, json.dumps(dump_spec(spec)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _render(cr_name: str, namespace: str, spec_json: str) -> str:
+    """Every reconcile renders its CR's config to compare it with the live one; YAML
+    emission is slow, so each distinct config is rendered once."""
+    doc = {"name": cr_name, "namespace": namespace, "spec": json.loads(spec_json)}
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 

@@ -1,11 +1,13 @@
-"""Watch caches of the operator's children: one list-then-watch reflector per watched kind.
+"""Watch caches of what a reconcile reads: one list-then-watch reflector per cached kind
+(the CRs, their children and the pods).
 
-A reconcile reads its children from these stores instead of the API server (it used to
-make a LIST per kind and a GET per child each time). Each reflector lists the objects
-carrying the operator's managed-by label, then watches from that list's resourceVersion,
-and relists after an expired watch (HTTP 410) or any error. Until its first list is in,
-a kind is not `synced` and readers fall back to the API. Objects are stored without
-`metadata.managedFields`, which the reconcile never reads and which is most of their size.
+A reconcile reads these stores instead of the API server, so it makes no GET or LIST of
+its own. Each reflector lists the objects (children: those carrying the operator's
+managed-by label), then watches from that list's resourceVersion, and relists after an
+expired watch (HTTP 410) or any error. A kind whose CRD is optional is listed once that
+CRD is established. Until its first list is in, a kind is not `synced` and readers fall
+back to the API. Objects are stored without `metadata.managedFields`, which the reconcile
+never reads and which is most of their size, and are indexed by the CR they belong to.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import urllib3
 
@@ -45,22 +47,42 @@ def _newer(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
 
 class Store:
     """The objects of one kind, by (namespace, name), from the reflectors of its scopes (all
-    namespaces, or each watched namespace)."""
+    namespaces, or each watched namespace), and by the CR they belong to (its instance
+    label), which every reconcile's selector names."""
 
     def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
         self.kind = kind
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
+        self._by_instance: dict[Key, dict[Key, dict[str, Any]]] = {}
         self._unlisted = set(scopes)
         self.synced = threading.Event()   # every scope listed at least once
+
+    @staticmethod
+    def _instance(key: Key, obj: dict[str, Any]) -> Key:
+        return key[0], (obj["metadata"].get("labels") or {}).get(contract.INSTANCE_LABEL, "")
+
+    def _put(self, key: Key, obj: dict[str, Any]) -> None:
+        self._drop(key)
+        self._objects[key] = obj
+        self._by_instance.setdefault(self._instance(key, obj), {})[key] = obj
+
+    def _drop(self, key: Key) -> None:
+        old = self._objects.pop(key, None)
+        if old is not None:
+            group = self._by_instance.get(self._instance(key, old), {})
+            group.pop(key, None)
+            if not group:
+                self._by_instance.pop(self._instance(key, old), None)
 
     def replace(self, scope: str | None, items: Iterable[dict[str, Any]]) -> None:
         fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _slim(o)
                  for o in items}
         with self._lock:
-            kept = {} if scope is None else {
-                k: v for k, v in self._objects.items() if k[0] != scope}
-            self._objects = {**kept, **fresh}
+            for key in [k for k in self._objects if scope is None or k[0] == scope]:
+                self._drop(key)
+            for key, obj in fresh.items():
+                self._put(key, obj)
             self._unlisted.discard(scope)
             if not self._unlisted:
                 self.synced.set()
@@ -69,12 +91,11 @@ class Store:
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         with self._lock:
             if _newer(obj, self._objects.get(key)):
-                self._objects[key] = _slim(obj)
+                self._put(key, _slim(obj))
 
     def remove(self, obj: dict[str, Any]) -> None:
         with self._lock:
-            self._objects.pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]),
-                              None)
+            self._drop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -82,7 +103,11 @@ class Store:
 
     def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         with self._lock:
-            return [o for (ns, _), o in self._objects.items() if ns == namespace and all(
+            instance = labels.get(contract.INSTANCE_LABEL)
+            candidates = self._by_instance.get((namespace, instance), {}).values() \
+                if instance is not None else \
+                [o for (ns, _), o in self._objects.items() if ns == namespace]
+            return [o for o in candidates if all(
                 (o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
 
     def __len__(self) -> int:
@@ -93,16 +118,20 @@ class Store:
 class Reflector(threading.Thread):
     """Keeps one Store in step with the API server (daemon thread)."""
 
-    def __init__(self, kube: Kube, store: Store, namespace: str | None,
-                 selector: str = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"):
+    def __init__(self, kube: Kube, store: Store, namespace: str | None, selector: str,
+                 ready: Callable[[], bool | None] = lambda: True):
         super().__init__(daemon=True, name=f"reflector-{store.kind.plural}")
         self.kube, self.store, self.namespace = kube, store, namespace
         self.stopping = threading.Event()
         self.selector = selector
+        self.ready = ready   # whether the kind can be listed yet (its CRD is established)
 
     def run(self) -> None:
         backoff = 0.5
         while not self.stopping.is_set():
+            if not self.ready():
+                self.stopping.wait(1.0)
+                continue
             try:
                 version = self._list()
                 backoff = 0.5
@@ -148,17 +177,21 @@ class Reflector(threading.Thread):
 
 
 class Caches:
-    """A Store and a Reflector for every watched kind."""
+    """A Store and a Reflector for every cached kind, and one for the CRDs."""
 
     def __init__(self, kube: Kube, namespaces: tuple[str, ...] = ()):
         scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
-        self.stores = {k.kind: Store(k, scopes) for k in contract.WATCHED_KINDS}
-        self._reflectors = [Reflector(kube, self.stores[k.kind], ns)
-                            for k in contract.WATCHED_KINDS for ns in scopes]
         # The CRDs the optional kinds need: asked for by every reconcile, so kept here.
         crd = contract.KIND_BY_NAME["CustomResourceDefinition"]
         self.crds = Store(crd, (None,))
-        self._reflectors.append(Reflector(kube, self.crds, None, selector=""))
+        self._reflectors = [Reflector(kube, self.crds, None, selector="")]
+        self.stores = {k.kind: Store(k, scopes) for k in contract.CACHED_KINDS}
+        children = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"
+        for k in contract.CACHED_KINDS:
+            ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
+            self._reflectors += [Reflector(kube, self.stores[k.kind], ns,
+                                           selector="" if k.kind == contract.KIND else children,
+                                           ready=ready) for ns in scopes]
 
     def start(self) -> None:
         for r in self._reflectors:
@@ -169,9 +202,13 @@ class Caches:
             r.stopping.set()
 
     def wait_synced(self, timeout: float) -> bool:
+        """Waits for the first list of every kind that can be listed now."""
         deadline = time.monotonic() + timeout
+        if not self.crds.synced.wait(timeout):
+            return False
         return all(s.synced.wait(max(deadline - time.monotonic(), 0))
-                   for s in self.stores.values())
+                   for s in self.stores.values()
+                   if not s.kind.crd or self.crd_established(s.kind.crd))
 
     def crd_established(self, name: str) -> bool | None:
         """Whether a CRD is installed and established; None until the CRD list is in."""

@@ -53,6 +53,9 @@ class Kube:
         self.attempts = attempts
         self.backoff = backoff
         self.caches: Caches | None = None
+        # The resourceVersion of each object's last write by this operator: the watch event
+        # carrying that version echoes the write and tells the reconcile nothing new.
+        self._written: dict[tuple[str, str, str], str] = {}
         self._crds: dict[str, tuple[float, bool]] = {}
         self._nodes: tuple[float, list[dict[str, Any]] | None] | None = None
 
@@ -168,10 +171,26 @@ class Kube:
             raise KubeError(describe(exc, f"apply {manifest['kind']} "
                                           f"{meta.get('namespace')}/{meta['name']}")) from exc
         metrics.API_WRITES.labels(kind=manifest["kind"], verb="apply").inc()
-        store = self._cached(manifest["kind"], meta.get("namespace"))
-        if store is not None and out:
-            store.upsert(out)   # the next reconcile must not re-apply from a lagging cache
+        self._wrote(manifest["kind"], out)
         return out
+
+    def _wrote(self, kind: str, out: dict[str, Any] | None) -> None:
+        """Keeps a written object's new version: in the cache, since the next reconcile must
+        not act on a lagging one, and as this operator's own write."""
+        if not out:
+            return
+        meta = out["metadata"]
+        self._written[(kind, meta.get("namespace", ""), meta["name"])] = meta["resourceVersion"]
+        store = self._cached(kind, meta.get("namespace"))
+        if store is not None:
+            store.upsert(out)
+
+    def own_write(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Whether `obj` (from a watch event) is exactly this operator's last write of it."""
+        meta = obj.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        return version is not None and self._written.get(
+            (kind, meta.get("namespace", ""), meta.get("name", ""))) == version
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         try:
@@ -181,6 +200,7 @@ class Kube:
             if exc.status != 404:
                 raise KubeError(describe(exc, f"delete {kind} {namespace}/{name}")) from exc
         metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
+        self._written.pop((kind, namespace or "", name), None)
         store = self._cached(kind, namespace)
         if store is not None:
             store.remove({"metadata": {"namespace": namespace, "name": name}})
@@ -190,25 +210,27 @@ class Kube:
         """A merge patch of labels and annotations (null removes a key)."""
         path = _path(api_version, kind, namespace, name)
         try:
-            self._call("PATCH", path, body={"metadata": metadata},
-                       content_type="application/merge-patch+json")
+            out = self._call("PATCH", path, body={"metadata": metadata},
+                             content_type="application/merge-patch+json")
         except ApiException as exc:
             if exc.status == 404:
                 return
             raise KubeError(describe(exc, f"patch {kind} {namespace}/{name}")) from exc
         metrics.API_WRITES.labels(kind=kind, verb="patch").inc()
+        self._wrote(kind, out)
 
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                      status: dict[str, Any]) -> None:
         path = _path(api_version, kind, namespace, name) + "/status"
         try:
-            self._call("PATCH", path, body={"status": status},
-                       content_type="application/merge-patch+json")
+            out = self._call("PATCH", path, body={"status": status},
+                             content_type="application/merge-patch+json")
         except ApiException as exc:
             if exc.status == 404:
                 return  # deleted meanwhile
             raise KubeError(describe(exc, f"update status of {kind} {namespace}/{name}")) from exc
         metrics.API_WRITES.labels(kind=kind, verb="status").inc()
+        self._wrote(kind, out)
 
     def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
         """Whether a CRD is installed. A CRD found is trusted for `max_age` seconds; one

@@ -301,6 +301,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
     _drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions, desired, outcome)
+    written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects
     for obj in desired:
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
         if live is not None and matches(obj, live):
@@ -309,12 +310,15 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         label = f"{obj['kind']}/{obj['metadata']['name']}"
         outcome.applied.append(label)
         if live is None:
-            reason, verb = ("Created", "created") if new_generation else ("Recreated",
-                                                                          "recreated (it was deleted)")
+            why = ("Created", "created") if new_generation else ("Recreated",
+                                                                  "recreated (deleted)")
         else:
-            reason, verb = ("RollingOut", "updated to the new spec") if new_generation else (
+            why = ("RollingOut", "updated to the new spec") if new_generation else (
                 "Repaired", "restored (a managed field had drifted)")
-        outcome.events.append(("Normal", reason, f"{label} {verb}"))
+        written.setdefault(why, []).append(label)
+    # One Event per reason, not per object: a new CR's 14 children make one Created event.
+    outcome.events += [("Normal", reason, f"{', '.join(labels)} {verb}")
+                       for (reason, verb), labels in written.items()]
     wanted = {_key(o) for o in desired}
     # Revisions that run stay (a draining one too) unless this step removes them.
     kept = (set(revisions) | {plan.revision}) - set(step.delete)
