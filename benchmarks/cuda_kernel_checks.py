@@ -37,16 +37,29 @@ def _mla_case(decode, cache: torch.Tensor, batch: int, heads: int, k: int, padde
 def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
     results = []
     cache = pack_fp8_ds_mla_rows(torch.randn(4096, 576, device="cuda", generator=gen) * 2).reshape(64, 64, 656)
-    # Layouts (tile, stages, teams, producers, CTAs/SM): the default (tile and stages by head count),
-    # one team and one producer, one team at 2 CTAs/SM, four producers.
+    # mma.sync layouts (tile, stages, teams, producers, CTAs/SM): the default (tile and stages by
+    # head count), one team and one producer, one team at 2 CTAs/SM, four producers.
     for tile, stages, teams, producers, ctas in ((None, None, 2, 2, 1), (64, 3, 1, 1, 1), (32, 3, 1, 2, 2), (32, 5, 2, 4, 1)):
         for batch, heads, k, splits, padded in ((2, 8, 64, 1, False), (2, 16, 128, 1, False), (3, 8, 192, 2, True),
                                                 (2, 5, 100, 4, True), (2, 8, 2048, 4, True), (3, 13, 300, 2, True),
                                                 (3, 8, 300, 4, True), (2, 16, 2048, 2, True)):
             err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(
                 q, c, s, sc, num_splits=splits, tile=tile, stages=stages, teams=teams, producers=producers,
-                ctas_per_sm=ctas, out=o, out_lse=l), cache, batch, heads, k, padded, gen)
+                ctas_per_sm=ctas, out=o, out_lse=l, wgmma=False), cache, batch, heads, k, padded, gen)
             results.append((f"sparse MLA tile={tile} stages={stages} teams={teams} producers={producers} ctas={ctas} "
+                            f"B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
+    # The few-head kernel on warpgroup MMAs (9 to 16 heads): the default (2 teams, 4 producers, 4
+    # stages), 3 stages, one team of two producers (no register split); lists shorter than a tile,
+    # a short last tile, empty slices.
+    for stages, teams, producers in ((None, None, None), (3, 2, 4), (None, 1, 2)):
+        for batch, heads, k, splits, padded in ((2, 16, 64, 1, False), (2, 16, 128, 1, False), (3, 9, 192, 2, True),
+                                                (2, 12, 100, 4, True), (2, 16, 2048, 4, True), (3, 13, 300, 2, True),
+                                                (3, 16, 300, 1, True), (2, 16, 2048, 2, True), (2, 16, 20, 4, True),
+                                                (2, 15, 64, 2, False)):
+            err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(
+                q, c, s, sc, num_splits=splits, stages=stages, teams=teams, producers=producers, out=o, out_lse=l,
+                wgmma=True), cache, batch, heads, k, padded, gen)
+            results.append((f"sparse MLA wgmma stages={stages} teams={teams} producers={producers} "
                             f"B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
     # The wgmma kernel: 64 heads a CTA (fewer are zero rows, more take several CTAs), slices of the
     # list with a short last tile, a list shorter than one tile, one request spread over 8 slices.
@@ -56,8 +69,8 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
         err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_wgmma(q, c, s, sc, num_splits=splits, out=o,
                                                                              out_lse=l), cache, batch, heads, k, padded, gen)
         results.append((f"sparse MLA wgmma B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
-    # Every head count the dispatcher takes to a CUDA kernel, on both sides of its 16-head switch.
-    for heads in (1, 2, 5, 8, 13, 16, 17, 24, 32, 48, 63, 64, 65, 96, 128):
+    # Every head count the dispatcher takes to a CUDA kernel, on both sides of its 8- and 16-head switches.
+    for heads in (1, 2, 5, 8, 9, 13, 16, 17, 24, 32, 48, 63, 64, 65, 96, 128):
         err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_auto(q, c, s, sc, out=o, out_lse=l),
                             cache, 3, heads, 300, True, gen)
         results.append((f"sparse MLA dispatch H={heads} B=3 K=300 padded: err {err:.1e}", ok))

@@ -218,8 +218,12 @@ def bench_indexer(gen):
 # Triton's best configs (docs/benchmarks.md) are the reference they must beat.
 def _mla_candidates(heads):
     if heads <= 16:
-        return [("CUDA (csrc/sparse_mla_decode.cu)", lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(q, c, s, sc, out=o, out_lse=l)),
-                ("Triton, block_h 16, 4 splits, fp16 MMA", lambda q, c, s, sc, o, l: sparse_mla_decode(
+        few = [("CUDA (csrc/sparse_mla_decode.cu" + (", wgmma)" if heads > 8 else ")"),
+                lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(q, c, s, sc, out=o, out_lse=l))]
+        if heads > 8:  # the same kernel on mma.sync, for comparison
+            few.append(("CUDA mma.sync", lambda q, c, s, sc, o, l: sparse_mla_decode_cuda(q, c, s, sc, out=o, out_lse=l,
+                                                                                        wgmma=False)))
+        return few + [("Triton, block_h 16, 4 splits, fp16 MMA", lambda q, c, s, sc, o, l: sparse_mla_decode(
                     q, c, s, sc, num_splits=4, block_h=16, num_warps=4, num_stages=2, block_k=16,
                     partial_dtype=torch.bfloat16, prefetch=True, fp16_mma=True, out=o, out_lse=l))]
     return [("CUDA wgmma (csrc/sparse_mla_wgmma.cu)",

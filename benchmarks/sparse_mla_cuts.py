@@ -1,11 +1,12 @@
-"""Where the CUDA sparse-MLA kernel's time goes, on one GPU, at B=64, H=8, K=2048 over a 64K-token
-context: whole and with parts cut out of its source (P.V; then S's MMAs; then everything but the
-row copies, the mbarrier waits and the barriers; the cluster's merge of the parts), and each side
-alone (the producers not waiting for consumers, the consumers' math not waiting for rows). "Row
-copies and waits only" is the gather's own time in this pipeline, the ceiling the whole kernel
-can reach.
+"""Where the CUDA sparse-MLA kernel's time goes, on one GPU, at B=64, K=2048 over a 64K-token
+context. At H=8 (mma.sync): whole and with parts cut out of its source (P.V; then S's MMAs; then
+everything but the row copies, the mbarrier waits and the barriers; the cluster's merge of the
+parts), and each side alone (the producers not waiting for consumers, the consumers' math not
+waiting for rows). "Row copies and waits only" is the gather's own time in this pipeline, the
+ceiling the whole kernel can reach. At H=16 (--heads 16, the warpgroup-MMA consumers): whole and
+each side alone.
 
-    PYTHONPATH=kernels python3 benchmarks/sparse_mla_cuts.py [--slots random|consecutive|shared]
+    PYTHONPATH=kernels python3 benchmarks/sparse_mla_cuts.py [--heads 8|16] [--slots random|consecutive|shared]
 
 --slots: each request's 2048 rows spread over its 64K-token context (what decode does), its first
 2048 rows, or the same 2048 rows for every request (1.3 MB, resident in L2: the copies' own speed).
@@ -29,20 +30,26 @@ NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")
 NO_S_MMA = ("for (int k = 0; k < 8; ++k) {", "for (int k = 0; k < 0; ++k) {")
 NO_S = ("for (int m = 0; m < kTile / 16; ++m) {", "for (int m = 0; m < 0; ++m) {")
 NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);", "")
-NO_FULL_WAIT = ("    if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);\n"
-                "    mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
+NO_FULL_WAIT = ("  if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);\n"
+                "  mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
 PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);\n"
-PRODUCERS_MERGE = ('    asm volatile("barrier.cluster.wait;\\n" ::: "memory");\n    cluster_sync();  // every part is in\n'
+PRODUCERS_MERGE = ('    if (SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.release;\\n" ::: "memory");\n'
+                   '    asm volatile("barrier.cluster.wait;\\n" ::: "memory");\n    cluster_sync();  // every part is in\n'
                    "    merge_parts(sh, out, out_lse, b, H, split, tid);\n")
 NO_CONSUMERS = (PRODUCE + PRODUCERS_MERGE + "    return;\n  }\n",
                 PRODUCE + "    return;\n  }\n  if (n_tiles < (1 << 30)) return;  // the consumers leave at once\n")
 NO_PRODUCERS = (PRODUCE, "")
+# The warpgroup-MMA consumers (9 to 16 heads).
+WGMMA_CONSUMERS = "  consume_wgmma(sh, n_tiles, team, w, lane, split, qk_scale_log2);\n"
 NO_MERGE = ("  merge_parts(sh, out, out_lse, b, H, split, tid);\n}", "}")
 CUTS = {"whole kernel": [], "no merge": [NO_MERGE], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
         "row copies and waits only": [NO_PV, NO_S],
         # The two sides alone: the producers streaming the ring without waiting for consumers, and
         # the consumers' math on whatever the ring holds, without waiting for producers.
         "producers alone": [NO_EMPTY_WAIT, NO_CONSUMERS], "consumers' math alone": [NO_EMPTY_WAIT, NO_FULL_WAIT, NO_PRODUCERS]}
+WGMMA_CUTS = {"whole kernel": [], "producers alone": [NO_EMPTY_WAIT, (PRODUCE + PRODUCERS_MERGE, PRODUCE),
+                                                       (WGMMA_CONSUMERS, "  if (n_tiles < (1 << 30)) return;\n")],
+              "consumers' math alone": [NO_FULL_WAIT, NO_PRODUCERS]}
 # The default; 32-row tiles; one team a CTA, 4 slices at 2 CTAs/SM (the eighth round's layout).
 LAYOUTS = [dict(), dict(tile=32, stages=6), dict(num_splits=4, teams=1, tile=32, stages=3, ctas_per_sm=2)]
 
@@ -61,9 +68,12 @@ def slot_pattern(pattern: str, batch: int, ctx: int, topk: int, gen: torch.Gener
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", choices=("random", "consecutive", "shared"), default="random")
-    pattern = parser.parse_args().slots
+    parser.add_argument("--heads", type=int, choices=(8, 16), default=8)
+    args = parser.parse_args()
+    pattern, heads = args.slots, args.heads
+    cuts, layouts = (CUTS, LAYOUTS) if heads == 8 else (WGMMA_CUTS, [dict()])
     gen = torch.Generator(device="cuda").manual_seed(0)
-    batch, ctx, topk, heads = 64, 65536, 2048, 8
+    batch, ctx, topk = 64, 65536, 2048
     rows = batch * ctx
     cache = torch.empty(rows, 656, dtype=torch.uint8, device="cuda")
     for s in range(0, rows, 1 << 20):
@@ -79,7 +89,7 @@ def main() -> None:
         measure.graph_median_ms(lambda: sparse_mla_decode_cuda(q, cache, slots, 576**-0.5), iters=50)
     source = (cuda_module.CSRC / SOURCE).read_text()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, edits in CUTS.items():
+        for name, edits in cuts.items():
             text = source
             for old, new in edits:
                 assert old in text, f"the cut {old!r} no longer matches {SOURCE}"
@@ -87,7 +97,7 @@ def main() -> None:
             (Path(tmp) / SOURCE).write_text(text)
             cuda_module.CSRC = Path(tmp)
             cuda_module.load.cache_clear()
-            for layout in LAYOUTS:
+            for layout in layouts:
                 ms = measure.graph_median_ms(lambda: sparse_mla_decode_cuda(q, cache, slots, 576**-0.5, **layout))
                 print(f"{name:26s} {layout}: {ms * 1e3:5.1f} us = {ms * 1e3 / floor_us:.2f}x the floor", flush=True)
 

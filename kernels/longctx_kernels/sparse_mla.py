@@ -299,10 +299,11 @@ def sparse_mla_decode_cuda(
     out_lse: torch.Tensor | None = None,
     tile: int | None = None,
     stages: int | None = None,
-    teams: int = 2,
-    producers: int = 2,
+    teams: int | None = None,
+    producers: int | None = None,
     ctas_per_sm: int = 1,
     programmatic: bool = True,
+    wgmma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written CUDA kernel (csrc/sparse_mla_decode.cu) for up to 16 heads on sm_90 (its
     e4m3 -> fp16 conversion is an Ada/Hopper instruction, its merge a Hopper cluster): same
@@ -310,27 +311,37 @@ def sparse_mla_decode_cuda(
     4; by default the count whose clusters finish first, see :func:`_cuda_splits`) slices, one CTA
     each; the CTAs of a request are one thread-block cluster and merge their outputs through
     distributed shared memory, so there is no second kernel. A CTA holds `teams` teams of 4
-    consumer warps (one per latent group), which take the slice's tiles in turn, and `producers`
-    warps that stream `tile` (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the
-    register budget's target (__launch_bounds__). The defaults were the best at B=64, K=2048 on an
-    H200 (docs/benchmarks.md): 64-row tiles in 3 stages for up to 8 heads, 32-row tiles in 5
-    stages for 16 (whose 64-row tiles spill and overflow shared memory)."""
+    consumer warps, which take the slice's tiles in turn, and `producers` warps that stream `tile`
+    (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the register budget's target
+    (__launch_bounds__). `wgmma` (the default above 8 heads, sm_90a): each team is a warpgroup
+    on warpgroup MMAs with tokens, then latent dims, as M and the 16 heads as N, 64-row tiles,
+    four producer warps giving their registers to the consumers (setmaxnreg); otherwise one warp
+    a latent group on mma.sync. The defaults were the best at B=64, K=2048 on an H200
+    (docs/benchmarks.md): mma.sync with 64-row tiles in 3 stages for up to 8 heads, wgmma in 4
+    stages for 9 to 16 (mma.sync there: 32-row tiles in 5 stages, 20% slower)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
     assert dim == LATENT + ROPE and heads <= 16 and cache.dtype == torch.uint8 and cache.shape[-1] == ROW_BYTES
     assert q.dtype == torch.bfloat16 and topk_slots.dtype == torch.int32
     assert cache.numel() // 16 < 2**32, "the kernel addresses the cache in 16-B units, 32 bits"
-    tile = tile or (64 if heads <= 8 else 32)
-    stages = stages or (3 if tile == 64 else 5)
+    wgmma = heads > 8 if wgmma is None else wgmma
+    if wgmma and not (heads > 8 and tile in (None, 64) and torch.cuda.get_device_capability(q.device) == (9, 0)):
+        raise ValueError(f"sparse_mla_decode_cuda: wgmma takes 9 to 16 heads (got {heads}) in 64-row tiles (got "
+                         f"tile={tile}) on an sm_90 GPU; pass wgmma=False for the mma.sync kernel")
+    tile = tile or (64 if heads <= 8 or wgmma else 32)
+    teams = teams or 2
+    producers = producers or (4 if wgmma else 2)
+    stages = stages or (4 if wgmma else 3 if tile == 64 else 5)
     assert num_splits in (None, 1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
     threads = 32 * (4 * teams + producers)
 
     def kernel_for(splits: int):
         defines = (("SPARSE_MLA_TILE", tile), ("SPARSE_MLA_STAGES", stages),
                    ("SPARSE_MLA_HEAD_TILES", 1 if heads <= 8 else 2), ("SPARSE_MLA_CTAS_PER_SM", ctas_per_sm),
-                   ("SPARSE_MLA_PRODUCERS", producers), ("SPARSE_MLA_SPLITS", splits), ("SPARSE_MLA_TEAMS", teams))
-        return load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines)
+                   ("SPARSE_MLA_PRODUCERS", producers), ("SPARSE_MLA_SPLITS", splits), ("SPARSE_MLA_TEAMS", teams),
+                   ("SPARSE_MLA_WGMMA", int(wgmma)))
+        return load("sparse_mla_decode.cu", "sparse_mla_decode", q.device.index, defines, "a" if wgmma else "")
 
     num_splits = num_splits or _cuda_splits(batch, lambda s: kernel_for(s).clusters_at_once(s, threads))
     kernel = kernel_for(num_splits)
@@ -402,7 +413,8 @@ def sparse_mla_decode_auto(
     out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode by the fastest kernel for the head count and GPU: on sm_90, the CUDA
-    kernel for up to 16 heads and the wgmma kernel above that; elsewhere the Triton kernel."""
+    kernel for up to 16 heads (mma.sync up to 8, warpgroup MMAs for 9 to 16) and the wgmma kernel
+    above that; elsewhere the Triton kernel."""
     heads = q.shape[1]
     if q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0):
         if heads <= 16:

@@ -86,3 +86,48 @@ def test_dispatch_off_an_h200_runs_the_triton_kernel(gen):
     ref, ref_lse = sparse_mla_decode_reference(q, cache, slots, 576**-0.5)
     assert relative_error(out, ref) < 1e-2 and relative_error(lse[0], ref_lse[0]) < 1e-5
     assert (lse[1] == float("-inf")).all() and torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("stages,teams,producers", [(4, 2, 4), (3, 2, 4), (4, 1, 2)])
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_few_head_wgmma_kernel_compiles_for_sm90a_without_spills_or_serialized_mma(stages, teams, producers, splits):
+    # The layouts benchmarks/cuda_kernel_checks.py runs on an H200; compiled here without a GPU.
+    from longctx_kernels.cuda_module import CSRC, compile_cubin
+
+    from .test_cuda_module import cuobjdump, resource_usage
+
+    defines = (("SPARSE_MLA_TILE", 64), ("SPARSE_MLA_STAGES", stages), ("SPARSE_MLA_HEAD_TILES", 2),
+               ("SPARSE_MLA_PRODUCERS", producers), ("SPARSE_MLA_SPLITS", splits), ("SPARSE_MLA_TEAMS", teams),
+               ("SPARSE_MLA_WGMMA", 1))
+    cubin = compile_cubin((CSRC / "sparse_mla_decode.cu").read_text(), "sm_90a", defines)
+    usage = resource_usage(cubin)
+    assert usage["STACK"] == 0 and usage["LOCAL"] == 0
+    sass = cuobjdump(cubin, "--dump-sass")
+    # A tile: S as 4 latent groups x 8 k-steps (fp16) and 4 rope steps (bf16), P.V as 4 groups x 2
+    # slabs x 4 token chunks, all m64n16k16.
+    assert sass.count("HGMMA.64x16x16.F32 ") + sass.count("HGMMA.64x16x16.F32.BF16") == 68
+    assert sass.count("HGMMA.64x16x16.F32.BF16") == 4
+    # ptxas serializes wgmmas it cannot keep in flight by a wait after each one; the tile waits 7 times.
+    assert sass.count("WARPGROUP.DEPBAR") == 7
+
+
+def test_wgmma_cuts_still_match_the_kernel_and_compile():
+    """benchmarks/sparse_mla_cuts.py --heads 16 cuts parts out of the kernel's source by text."""
+    import importlib.util
+    from pathlib import Path
+
+    from longctx_kernels.cuda_module import CSRC, compile_cubin
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_mla_cuts.py"
+    spec = importlib.util.spec_from_file_location("sparse_mla_cuts", path)
+    cuts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cuts)
+    source = (CSRC / cuts.SOURCE).read_text()
+    defines = (("SPARSE_MLA_TILE", 64), ("SPARSE_MLA_STAGES", 4), ("SPARSE_MLA_HEAD_TILES", 2),
+               ("SPARSE_MLA_PRODUCERS", 4), ("SPARSE_MLA_WGMMA", 1))
+    for name, edits in cuts.WGMMA_CUTS.items():
+        text = source
+        for old, new in edits:
+            assert old in text, f"cut {name!r}: {old!r} is no longer in {cuts.SOURCE}"
+            text = text.replace(old, new)
+        compile_cubin(text, "sm_90a", defines)

@@ -1,4 +1,6 @@
-// Sparse MLA decode for up to 16 heads: one warp per 128-wide latent group, rows streamed raw.
+// Sparse MLA decode for up to 16 heads, rows streamed raw: consumers on mma.sync, one warp per
+// 128-wide latent group (below), or, with SPARSE_MLA_WGMMA (9 to 16 heads, sm_90a), one warpgroup
+// a team on wgmma (consume_wgmma).
 //
 // Same contract as sparse_mla.sparse_mla_decode_reference: q [B, H, 576] bf16, a cache of
 // 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
@@ -51,6 +53,9 @@ namespace {
 #ifndef SPARSE_MLA_TEAMS
 #define SPARSE_MLA_TEAMS 2
 #endif
+#ifndef SPARSE_MLA_WGMMA
+#define SPARSE_MLA_WGMMA 0
+#endif
 constexpr int kWarps = 4;                  // consumers of a team, one per latent group
 constexpr int kTeams = SPARSE_MLA_TEAMS;   // teams of consumers, taking the ring's tiles in turn
 constexpr int kConsumers = kWarps * kTeams;
@@ -72,6 +77,18 @@ constexpr int kGroupsMerged = 4 / kSplits;
 constexpr int kParts = kSplits * kTeams;  // partial outputs a request's merge combines
 
 static_assert(kTile % 16 == 0 && kTile <= 64, "tiles of 16-token chunks, at most 64 rows");
+#if SPARSE_MLA_WGMMA
+static_assert(kTile == 64 && kHeads == 16, "the wgmma consumers take 64-token tiles (S's M) and 16 heads (N)");
+// Registers a thread after setmaxnreg: the producers (a warpgroup of their own) give theirs to the
+// consumers' accumulators and fragments. The sum stays within what the launch took (65536 at most,
+// in the __launch_bounds__ cap: ptxas rounds each thread's count down to a multiple of 8).
+// setmaxnreg works on whole warpgroups: with four producer warps.
+constexpr bool kSplitRegisters = kProducers == 4 && kConsumers % 4 == 0;
+constexpr int kLaunchRegs = (65536 / kThreads) & ~7;
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerShare = ((kLaunchRegs * kThreads - kProducerRegs * 32 * kProducers) / (32 * kConsumers)) & ~7;
+constexpr int kConsumerRegs = kConsumerShare < 256 ? kConsumerShare : 256;  // setmaxnreg's most
+#endif
 
 // The merge's inputs: for each latent group the CTA merges, every team's unnormalized output
 // (relative to exp2(m)), m and l. A region of its own, not the ring's: a team then sends its part
@@ -82,10 +99,34 @@ struct MergeIn {
   float l[kGroupsMerged][kParts][kHeads];
 };
 
+#if SPARSE_MLA_WGMMA
+// What the wgmma consumers share (consume_wgmma): wgmma's B operands, K-major in 128-byte-swizzled
+// rows (swizzled()), and the team's exchange of tile maxima and, at the end, sums.
+struct WgmmaShared {
+  unsigned char q[9 * kHeads * 128];       // q as S's B: 9 blocks of 64 dims (8 latent fp16, 1 rope bf16) x heads
+  unsigned char p[kTeams][4][kHeads * 128];  // P s_g / s_ref as P.V's B, one a latent group: heads x 64 tokens, fp16
+  float tile_max[kTeams][kWarps][kHeads];  // each warp's maximum of a tile's scores, per head
+  float tile_ref[kTeams][kWarps];          // and of its tokens' group scales
+  float l[kTeams][kWarps][kHeads];         // each warp's sum of exponentials, at the end
+};
+#endif
+
 struct Shared {
+#if SPARSE_MLA_WGMMA
+  alignas(1024) WgmmaShared wg;       // first: the 128-byte swizzle repeats every 1024 B
+#endif
+#if SPARSE_MLA_WGMMA
+  // The merge's inputs take the ring's place (a fourth stage instead): they are sent only once every
+  // CTA of the cluster is done with its ring.
+  union {
+    unsigned char rows[kStages][kTile * kRowBytes];
+    MergeIn merge;
+  };
+#else
   unsigned char rows[kStages][kTile * kRowBytes];
   float partial[kTeams][2][kWarps][kHeads * kPartialStride];  // a team's S partials of its tiles i and i + 1
   MergeIn merge;                      // filled by the cluster's teams
+#endif
   int slots[kStages][kTile];          // the stage's top-k slots (-1 = none)
   unsigned long long full[kStages];   // mbarriers: the stage's rows and slots have landed
   unsigned long long empty[kStages];  // mbarriers: the consumer warps are done with the stage
@@ -129,6 +170,12 @@ __device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned s
   unsigned out;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
   return out;
+}
+
+// 32 bytes of shared memory (16-B aligned) as 8 words, by two 16-B loads.
+__device__ __forceinline__ void load32(const unsigned char* p, unsigned (&w)[8]) {
+  const uint4 lo = *reinterpret_cast<const uint4*>(p), hi = *reinterpret_cast<const uint4*>(p + 16);
+  w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
 }
 
 // 2^x, -inf -> 0: the bare MUFU instruction (exp2f adds a fix-up for inputs below -126, where the
@@ -243,6 +290,16 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// Tile i's rows in the ring, once they have landed. With several teams, the stage's previous tile
+// (i - kStages) may be another team's and still landing: the full barrier's parity names tile i
+// only once that tile is consumed.
+__device__ __forceinline__ const unsigned char* landed(Shared& sh, int i) {
+  const int stage = i % kStages;
+  if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);
+  mbar_wait(&sh.full[stage], (i / kStages) & 1);
+  return sh.rows[stage];
+}
+
 // The merge, in CTA `rank` of the cluster: its latent groups of every part (MergeIn) -> out
 // [B, H, 512] bf16 and, in rank 0, lse [B, H] (base e). 8 dims of a head a thread and step.
 __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __restrict__ out,
@@ -277,6 +334,335 @@ __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __
   }
 }
 
+#if SPARSE_MLA_WGMMA
+// 9 to 16 heads on wgmma (sm_90a). A team is one warpgroup; warp j of it owns tokens 16j .. 16j + 15
+// of each 64-token tile for S and output dims 128p + 32j .. + 31 of every latent group p for P.V.
+//   S [64 tokens x 16 heads] = k q^T by wgmma m64n16k16, tokens as M: the rows' fp8 bytes are the
+//     register A operand (thread (g, t) holds tokens 16j + g and + 8 and, per latent group, dims
+//     32t .. 32t + 31: k-step s takes its bytes 4s .. 4s + 3, whose cvt halves are the fragment's
+//     k pairs 2t and 2t + 8, an order q's shared copy follows), one fp32 accumulator a group,
+//     scaled per token in fp32, and the rope in bf16. Every row is whole in one warp: no partial
+//     sums cross warps, and each score is computed and exponentiated once.
+//   The tile maximum per head meets across the four warps in shared memory (one barrier); each
+//     thread writes its P values, times s_g / s_ref, as four fp16 tiles (heads x tokens), one a
+//     group, the B operands of P.V (a second barrier).
+//   O^T [dims x 16 heads] += V8^T (P s_g / s_ref)^T by wgmma m64n16k16, dims as M: rows 16j + g and
+//     + 8 of the two 64-row slabs h of group p are dims 128p + 32j + 4g + 2h and + 1, so a thread's
+//     A fragment for 16 tokens is one byte permute and two cvts per pair of token rows.
+// Heads take the accumulators' columns in both products, so a thread's output columns are the
+// heads of its scores: rescaling needs no shuffle.
+
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across a wgmma wait.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Byte offset of 16-B chunk `chunk` (elements 8 chunk .. + 7) of row `row` in a K-major operand of
+// `rows` rows: 64-element blocks of rows x 128 B, the chunk index XOR the row's low 3 bits.
+__device__ __forceinline__ int swizzled(int rows, int row, int chunk) {
+  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// wgmma descriptor of a K-major, 128-byte-swizzled operand at `addr`: 8-row groups 1024 B apart.
+__device__ __forceinline__ unsigned long long operand(unsigned addr) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// D[64 x 16] (+)= A[64 x 16] B[16 x 16]: A in registers, B K-major in shared memory; fp16 or bf16.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned long long b, int accumulate) {
+  if (kBf16)
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
+  else
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void store_shared_u16(unsigned addr, unsigned short v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+
+// q [b, :H] into WgmmaShared::q: dim d of group p (d - 128p = 32t + 4s + e) at k-step 8p + s, k
+// index 2t + e (e < 2) or 8 + 2t + e - 2; rope dim 512 + 16t + 4s + e likewise at step 32 + s. fp16
+// latent, bf16 rope; heads past H are zeros. By all `kConsumers` warps, 16 B (8 dims) a load, every
+// load in flight before the first store (one load at a time took ~10 us).
+__device__ __forceinline__ void stage_q(Shared& sh, const unsigned short* __restrict__ q, int b, int H, int tid) {
+  constexpr int kLoads = kHeads * 72, kPerThread = (kLoads + 32 * kConsumers - 1) / (32 * kConsumers);
+  uint4 v[kPerThread];
+#pragma unroll
+  for (int n = 0; n < kPerThread; ++n) {
+    const int i = tid + 32 * kConsumers * n, h = i / 72;
+    v[n] = i < kLoads && h < H ? *reinterpret_cast<const uint4*>(q + ((long long)b * H + h) * 576 + 8 * (i % 72))
+                               : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int n = 0; n < kPerThread; ++n) {
+    const int i = tid + 32 * kConsumers * n, h = i / 72;
+    if (i >= kLoads) break;
+    const unsigned words[4] = {v[n].x, v[n].y, v[n].z, v[n].w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // dims d, d + 1
+      const int d = 8 * (i % 72) + 2 * u;
+      const bool rope = d >= 512;
+      const int local = rope ? d - 512 : d & 127;
+      const int t = rope ? local >> 4 : local >> 5, s = rope ? (local >> 2) & 3 : (local >> 2) & 7, e = local & 3;
+      const int step = rope ? 32 + s : 8 * (d >> 7) + s, kk = e < 2 ? 2 * t + e : 8 + 2 * t + e - 2;
+      *reinterpret_cast<unsigned*>(sh.wg.q + swizzled(kHeads, h, 2 * step + (kk >> 3)) + 2 * (kk & 7)) =
+          rope ? words[u] : bf16x2_to_f16x2(words[u]);
+    }
+  }
+  fence_async_shared();  // read next by wgmma
+}
+
+constexpr float kMaxSlack = 4.f;  // log2 units
+
+__device__ __forceinline__ void team_sync(int team) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "n"(32 * kWarps) : "memory");
+}
+
+// The team's tiles team, team + kTeams, ... of the ring, then its part (o s_ref, m, l) to the CTAs
+// that merge each latent group. Accumulator register r of a thread: row (token or dim) +8 if r & 2,
+// head 8 (r >> 2) + 2t + (r & 1); its four heads are numbered hi = 2 (r >> 2) + (r & 1).
+// A wgmma descriptor is computed once and offset by a constant at each use.
+__device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team, int j, int lane, int split,
+                                              float qk_scale_log2) {
+  const int g = lane >> 2, t = lane & 3;
+  const unsigned long long q_desc = operand(smem_addr(sh.wg.q)), p_desc = operand(smem_addr(sh.wg.p[team][0]));
+  float o[4][2][8];  // group p, slab h
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+#pragma unroll
+    for (int r = 0; r < 8; ++r) o[p][0][r] = o[p][1][r] = 0.f;
+  float m_run[4] = {-1e30f, -1e30f, -1e30f, -1e30f}, l_run[4] = {0.f, 0.f, 0.f, 0.f};
+  float s_ref = 0.f, inv_ref = 0.f;  // o holds output / s_ref
+
+  for (int i = team; i < n_tiles; i += kTeams) {
+    const int stage = i % kStages;
+    const unsigned char* rows = landed(sh, i);
+    const unsigned char* row0 = rows + (16 * j + g) * kRowBytes;  // this thread's tokens for S
+    const unsigned char* row1 = row0 + 8 * kRowBytes;
+
+    // S, a latent group at a time: the next group's conversion runs while this one's MMAs do.
+    float sacc[4][8], racc[8];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      if (p >= 2) wgmma_wait<1>();  // group p - 2's fragments are free
+      unsigned w0[8], w1[8];
+      load32(row0 + 128 * p + 32 * t, w0);
+      load32(row1 + 128 * p + 32 * t, w1);
+      unsigned a[8][4];
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        a[s][0] = e4m3x2_lo(w0[s]); a[s][1] = e4m3x2_lo(w1[s]);
+        a[s][2] = e4m3x2_hi(w0[s]); a[s][3] = e4m3x2_hi(w1[s]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int step = 8 * p + s;
+        wgmma_n16<false>(sacc[p], a[s][0], a[s][1], a[s][2], a[s][3],
+                         q_desc + (((step >> 2) * kHeads * 128 + (step & 3) * 32) >> 4), s > 0);
+      }
+      wgmma_commit();
+    }
+    {
+      wgmma_wait<1>();
+      unsigned w0[8], w1[8];
+      load32(row0 + kRopeOffset + 32 * t, w0);
+      load32(row1 + kRopeOffset + 32 * t, w1);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        wgmma_n16<true>(racc, w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1],
+                        q_desc + ((8 * kHeads * 128 + s * 32) >> 4), s > 0);
+      wgmma_commit();
+    }
+    const float4 sc0 = *reinterpret_cast<const float4*>(row0 + kScaleOffset);
+    const float4 sc1 = *reinterpret_cast<const float4*>(row1 + kScaleOffset);
+    const bool ok0 = sh.slots[stage][16 * j + g] >= 0, ok1 = sh.slots[stage][16 * j + g + 8] >= 0;
+    wgmma_wait<0>();
+#pragma unroll
+    for (int p = 0; p < 4; ++p) pin(sacc[p]);
+    pin(racc);
+
+    // Scores in log2 units, masked; this warp's maxima over its 16 tokens, then the tile's.
+    float s[8], mx[4];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float4 sc = (r & 2) ? sc1 : sc0;
+      const float v = sc.x * sacc[0][r] + sc.y * sacc[1][r] + sc.z * sacc[2][r] + sc.w * sacc[3][r] + racc[r];
+      s[r] = ((r & 2) ? ok1 : ok0) ? v * qk_scale_log2 : -kInf;
+    }
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) {
+      const int r = 4 * (hi >> 1) + (hi & 1);
+      mx[hi] = fmaxf(s[r], s[r + 2]);
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 4));
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 8));
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 16));
+    }
+    float ref = fmaxf(fmaxf(fmaxf(sc0.x, sc0.y), fmaxf(sc0.z, sc0.w)), fmaxf(fmaxf(sc1.x, sc1.y), fmaxf(sc1.z, sc1.w)));
+    ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, 4));  // a missing row's scales are zeros
+    ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, 8));
+    ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, 16));
+    if (g == 0) {
+      *reinterpret_cast<float2*>(&sh.wg.tile_max[team][j][2 * t]) = make_float2(mx[0], mx[1]);
+      *reinterpret_cast<float2*>(&sh.wg.tile_max[team][j][8 + 2 * t]) = make_float2(mx[2], mx[3]);
+      if (t == 0) sh.wg.tile_ref[team][j] = ref;
+    }
+    team_sync(team);
+    float alpha[4], tile_ref = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 lo = *reinterpret_cast<const float2*>(&sh.wg.tile_max[team][w][2 * t]);
+      const float2 hi = *reinterpret_cast<const float2*>(&sh.wg.tile_max[team][w][8 + 2 * t]);
+      mx[0] = fmaxf(mx[0], lo.x); mx[1] = fmaxf(mx[1], lo.y); mx[2] = fmaxf(mx[2], hi.x); mx[3] = fmaxf(mx[3], hi.y);
+      tile_ref = fmaxf(tile_ref, sh.wg.tile_ref[team][w]);
+    }
+    // The running max moves only when a tile's exceeds it by 2^kMaxSlack, so o is rarely rescaled;
+    // P then stays below 2^kMaxSlack (times s_g / s_ref < 2^8: within fp16's range).
+    bool grew = false;
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) {
+      const bool moves = mx[hi] > m_run[hi] + kMaxSlack;  // the same in the whole team
+      alpha[hi] = moves ? exp2_approx(m_run[hi] - mx[hi]) : 1.f;
+      grew |= moves;
+      m_run[hi] = moves ? mx[hi] : m_run[hi];
+    }
+    // o's unit s_ref: the first tile's largest group scale, raised only when a tile's outgrow it by
+    // 2^8, so P s_g / s_ref stays well inside fp16's range and o is rarely rescaled for it.
+    float unit_ratio = 1.f;  // old unit / new unit; the same in the whole team
+    if (tile_ref > 256.f * s_ref) {
+      unit_ratio = s_ref / tile_ref;
+      s_ref = tile_ref;
+      inv_ref = 1.f / tile_ref;
+    }
+    float pr[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) pr[r] = exp2_approx(s[r] - m_run[2 * (r >> 2) + (r & 1)]);
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) {
+      const int r = 4 * (hi >> 1) + (hi & 1);
+      l_run[hi] = l_run[hi] * alpha[hi] + pr[r] + pr[r + 2];
+    }
+    // P s_g / s_ref into group g's tile, [head][token] K-major: token 16j + g (+8) of head h.
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const unsigned tile = smem_addr(sh.wg.p[team][p]);
+      const float f0 = (p == 0 ? sc0.x : p == 1 ? sc0.y : p == 2 ? sc0.z : sc0.w) * inv_ref;
+      const float f1 = (p == 0 ? sc1.x : p == 1 ? sc1.y : p == 2 ? sc1.z : sc1.w) * inv_ref;
+#pragma unroll
+      for (int r = 0; r < 8; r += 2) {  // heads h and h + 1 of one token, packed then stored apart
+        const int h = 8 * (r >> 2) + 2 * t, row = (r & 2) ? 1 : 0;
+        const float f = row ? f1 : f0;
+        const unsigned pair = pack_f16x2(pr[r] * f, pr[r + 1] * f);
+        const int chunk = 2 * j + row;  // token 16j + g + 8 row, in 8-token chunks
+        store_shared_u16(tile + swizzled(kHeads, h, chunk) + 2 * g, static_cast<unsigned short>(pair & 0xffffu));
+        store_shared_u16(tile + swizzled(kHeads, h + 1, chunk) + 2 * g, static_cast<unsigned short>(pair >> 16));
+      }
+    }
+    fence_async_shared();  // read next by wgmma
+    if (grew || unit_ratio != 1.f) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int r = 0; r < 8; ++r) o[p][h][r] *= alpha[2 * (r >> 2) + (r & 1)] * unit_ratio;
+    }
+    team_sync(team);  // every P tile is written
+
+    // P.V, a latent group at a time: rows 16c + 2t, +1, +8, +9 give the fragment of token chunk c.
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      if (p >= 2) wgmma_wait<1>();
+      unsigned a[4][2][4];  // token chunk c, slab h
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const unsigned char* base = rows + (16 * c + 2 * t) * kRowBytes + 128 * p + 32 * j + 4 * g;
+        const unsigned x = *reinterpret_cast<const unsigned*>(base);
+        const unsigned y = *reinterpret_cast<const unsigned*>(base + kRowBytes);
+        const unsigned z = *reinterpret_cast<const unsigned*>(base + 8 * kRowBytes);
+        const unsigned u = *reinterpret_cast<const unsigned*>(base + 9 * kRowBytes);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // Bytes 2h, 2h + 1 of each: (token 2t, token 2t + 1) pairs of dims 4g + 2h and + 1.
+          const unsigned sel = h ? 0x7362u : 0x5140u;
+          const unsigned xy = byte_perm(x, y, sel), zu = byte_perm(z, u, sel);
+          a[c][h][0] = e4m3x2_lo(xy); a[c][h][1] = e4m3x2_hi(xy);
+          a[c][h][2] = e4m3x2_lo(zu); a[c][h][3] = e4m3x2_hi(zu);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wgmma_n16<false>(o[p][h], a[c][h][0], a[c][h][1], a[c][h][2], a[c][h][3],
+                                                     p_desc + ((p * kHeads * 128 + 32 * c) >> 4), 1);
+      wgmma_commit();
+    }
+    __syncwarp();  // every lane's reads of the stage are done
+    if (lane == 0) mbar_arrive(&sh.empty[stage]);
+    // o and the P tiles are free again only when P.V is done. (P.V left in flight into the next
+    // tile's S made ptxas serialize every wgmma: C7514.)
+    wgmma_wait<0>();
+#pragma unroll
+    for (int p = 0; p < 4; ++p) { pin(o[p][0]); pin(o[p][1]); }
+  }
+
+  // The team's sums: over the warp's lanes of a head, then over its warps.
+#pragma unroll
+  for (int hi = 0; hi < 4; ++hi) {
+    l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 4);
+    l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 8);
+    l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 16);
+  }
+  if (g == 0) {
+    *reinterpret_cast<float2*>(&sh.wg.l[team][j][2 * t]) = make_float2(l_run[0], l_run[1]);
+    *reinterpret_cast<float2*>(&sh.wg.l[team][j][8 + 2 * t]) = make_float2(l_run[2], l_run[3]);
+  }
+  team_sync(team);
+
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait;\n" ::: "memory");  // every ring is done
+  MergeIn& in = sh.merge;
+  const int part = split * kTeams + team;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const unsigned merger = p % kSplits;
+    const int gl = p / kSplits;
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) {
+      const int r = 4 * (hi >> 1) + (hi & 1), h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+      // This thread's dims 32j + 4g .. + 3 of the group: slab 0 rows g, g + 8, then slab 1's.
+      cluster_store4(cluster_addr(&in.o[gl][part][h][32 * j + 4 * g], merger), o[p][0][r] * s_ref,
+                     o[p][0][r + 2] * s_ref, o[p][1][r] * s_ref, o[p][1][r + 2] * s_ref);
+      if (j == 0 && g == 0) {
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) l += sh.wg.l[team][w][h];
+        cluster_store(cluster_addr(&in.m[gl][part][h], merger), m_run[hi]);
+        cluster_store(cluster_addr(&in.l[gl][part][h], merger), l);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, SPARSE_MLA_CTAS_PER_SM) __cluster_dims__(kSplits, 1, 1)
@@ -284,7 +670,11 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
                   const int* __restrict__ topk, unsigned short* __restrict__ out, float* __restrict__ out_lse,
                   int B, int H, int K, int k_per_split, float qk_scale_log2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
+#if SPARSE_MLA_WGMMA
+  Shared& sh = *reinterpret_cast<Shared*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+#else
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment coordinates: groupID, thread in group
   const int split = blockIdx.x, b = blockIdx.y;
@@ -301,17 +691,28 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   }
   __syncthreads();
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // A CTA's shared memory may be written by the cluster only once the CTA runs: every thread
-  // arrives here and waits before its first remote store, long after.
-  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+  // A CTA's shared memory may be written by the cluster only once the CTA runs (and, where the merge
+  // takes the ring's place, once it is done with the ring): every thread arrives then and waits
+  // before its first remote store.
+  if (!SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
   if (warp >= kConsumers) {
+#if SPARSE_MLA_WGMMA
+    if (kSplitRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+#endif
     produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);
+    if (SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
     asm volatile("barrier.cluster.wait;\n" ::: "memory");
     cluster_sync();  // every part is in
     merge_parts(sh, out, out_lse, b, H, split, tid);
     return;
   }
   const int w = warp % kWarps, team = warp / kWarps;  // latent group w; team takes tiles team, team + kTeams, ...
+#if SPARSE_MLA_WGMMA
+  if (kSplitRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  stage_q(sh, q, b, H, tid);
+  asm volatile("bar.sync 15, %0;\n" ::"n"(32 * kConsumers) : "memory");  // q is staged
+  consume_wgmma(sh, n_tiles, team, w, lane, split, qk_scale_log2);
+#else
 
   // q's B fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
   // k-step s, logical rows (2t, 2t+1) are dims +4s, +4s+1 and (2t+8, 2t+9) dims +4s+2, +4s+3.
@@ -350,11 +751,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
 
   for (int i = team; i < n_tiles; i += kTeams) {
     const int stage = i % kStages;
-    // With several teams, the stage's previous tile (i - kStages) may be another team's and still
-    // landing: the full barrier's parity names tile i only once that tile is consumed.
-    if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);
-    mbar_wait(&sh.full[stage], (i / kStages) & 1);
-    const unsigned char* rows = sh.rows[stage];
+    const unsigned char* rows = landed(sh, i);
 
     // S partial of group w, tokens as the MMA's M: m-tile m holds tokens 16m + g (c0, c1) and
     // 16m + g + 8 (c2, c3), heads 2t, 2t+1 of head tile r; stored as partial[head][token].
@@ -363,12 +760,9 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
     for (int m = 0; m < kTile / 16; ++m) {
       const unsigned char* row0 = rows + (16 * m + g) * kRowBytes;
       const unsigned char* row1 = row0 + 8 * kRowBytes;
-      const uint4 lo0 = *reinterpret_cast<const uint4*>(row0 + 128 * w + 32 * t);
-      const uint4 hi0 = *reinterpret_cast<const uint4*>(row0 + 128 * w + 32 * t + 16);
-      const uint4 lo1 = *reinterpret_cast<const uint4*>(row1 + 128 * w + 32 * t);
-      const uint4 hi1 = *reinterpret_cast<const uint4*>(row1 + 128 * w + 32 * t + 16);
-      const unsigned words0[8] = {lo0.x, lo0.y, lo0.z, lo0.w, hi0.x, hi0.y, hi0.z, hi0.w};
-      const unsigned words1[8] = {lo1.x, lo1.y, lo1.z, lo1.w, hi1.x, hi1.y, hi1.z, hi1.w};
+      unsigned words0[8], words1[8];
+      load32(row0 + 128 * w + 32 * t, words0);
+      load32(row1 + 128 * w + 32 * t, words1);
       // Two accumulator chains (even and odd k-steps): dependent MMAs wait out each other's latency.
       float acc[2][kHeadTiles][4] = {}, rope_acc[kHeadTiles][4] = {};
       #pragma unroll
@@ -525,9 +919,10 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
       cluster_store(cluster_addr(&in.l[gl][part][g + 8 * r], merger), l_run[r]);
     }
   }
+#endif
   cluster_sync();  // every part is in
   merge_parts(sh, out, out_lse, b, H, split, tid);
 }
 
 // Dynamic shared memory the kernel needs, read by the launcher (cuModuleGetGlobal).
-extern "C" __device__ const int sparse_mla_decode_shared_bytes = sizeof(Shared);
+extern "C" __device__ const int sparse_mla_decode_shared_bytes = sizeof(Shared) + (SPARSE_MLA_WGMMA ? 1024 : 0);  // + the alignment slack
