@@ -48,10 +48,10 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
                 ctas_per_sm=ctas, out=o, out_lse=l, wgmma=False), cache, batch, heads, k, padded, gen)
             results.append((f"sparse MLA tile={tile} stages={stages} teams={teams} producers={producers} ctas={ctas} "
                             f"B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
-    # The few-head kernel on warpgroup MMAs (9 to 16 heads): the default (2 teams, 4 producers, 4
-    # stages), 3 stages, one team of two producers (no register split); lists shorter than a tile,
-    # a short last tile, empty slices.
-    for stages, teams, producers in ((None, None, None), (3, 2, 4), (None, 1, 2)):
+    # The few-head kernel on warpgroup MMAs (9 to 16 heads): the default (2 teams, 4 producers, 3
+    # stages), one team of two producers (no register split) in 3 and 4 stages; lists shorter than
+    # a tile, a short last tile, empty slices.
+    for stages, teams, producers in ((None, None, None), (None, 1, 2), (4, 1, 2)):
         for batch, heads, k, splits, padded in ((2, 16, 64, 1, False), (2, 16, 128, 1, False), (3, 9, 192, 2, True),
                                                 (2, 12, 100, 4, True), (2, 16, 2048, 4, True), (3, 13, 300, 2, True),
                                                 (3, 16, 300, 1, True), (2, 16, 2048, 2, True), (2, 16, 20, 4, True),

@@ -317,8 +317,8 @@ def sparse_mla_decode_cuda(
     on warpgroup MMAs with tokens, then latent dims, as M and the 16 heads as N, 64-row tiles,
     four producer warps giving their registers to the consumers (setmaxnreg); otherwise one warp
     a latent group on mma.sync. The defaults were the best at B=64, K=2048 on an H200
-    (docs/benchmarks.md): mma.sync with 64-row tiles in 3 stages for up to 8 heads, wgmma in 4
-    stages for 9 to 16 (mma.sync there: 32-row tiles in 5 stages, 20% slower)."""
+    (docs/benchmarks.md): 64-row tiles in 3 stages, on mma.sync for up to 8 heads and wgmma for 9
+    to 16 (mma.sync there: 32-row tiles in 5 stages, 23% slower)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -332,7 +332,7 @@ def sparse_mla_decode_cuda(
     tile = tile or (64 if heads <= 8 or wgmma else 32)
     teams = teams or 2
     producers = producers or (4 if wgmma else 2)
-    stages = stages or (4 if wgmma else 3 if tile == 64 else 5)
+    stages = stages or (3 if tile == 64 else 5)
     assert num_splits in (None, 1, 2, 4) and tile in (32, 64) and stages >= 2 and 32 % producers == 0
     threads = 32 * (4 * teams + producers)
 

@@ -104,7 +104,9 @@ struct MergeIn {
 // rows (swizzled()), and the team's exchange of tile maxima and, at the end, sums.
 struct WgmmaShared {
   unsigned char q[9 * kHeads * 128];       // q as S's B: 9 blocks of 64 dims (8 latent fp16, 1 rope bf16) x heads
-  unsigned char p[kTeams][4][kHeads * 128];  // P s_g / s_ref as P.V's B, one a latent group: heads x 64 tokens, fp16
+  // P s_g / s_ref as P.V's B, one a latent group: 64 token rows of 128 B (MN-major, the 16 heads
+  // fp16 in a row's first 32 B before the swizzle), so a thread stores its two heads of a token in one word.
+  unsigned char p[kTeams][4][kTile * 128];
   float tile_max[kTeams][kWarps][kHeads];  // each warp's maximum of a tile's scores, per head
   float tile_ref[kTeams][kWarps];          // and of its tokens' group scales
   float l[kTeams][kWarps][kHeads];         // each warp's sum of exponentials, at the end
@@ -116,8 +118,8 @@ struct Shared {
   alignas(1024) WgmmaShared wg;       // first: the 128-byte swizzle repeats every 1024 B
 #endif
 #if SPARSE_MLA_WGMMA
-  // The merge's inputs take the ring's place (a fourth stage instead): they are sent only once every
-  // CTA of the cluster is done with its ring.
+  // The merge's inputs take the ring's place (room for the wgmma operands): they are sent only once
+  // every CTA of the cluster is done with its ring.
   union {
     unsigned char rows[kStages][kTile * kRowBytes];
     MergeIn merge;
@@ -344,7 +346,7 @@ __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __
 //     scaled per token in fp32, and the rope in bf16. Every row is whole in one warp: no partial
 //     sums cross warps, and each score is computed and exponentiated once.
 //   The tile maximum per head meets across the four warps in shared memory (one barrier); each
-//     thread writes its P values, times s_g / s_ref, as four fp16 tiles (heads x tokens), one a
+//     thread writes its P values, times s_g / s_ref, as four fp16 tiles (tokens x heads), one a
 //     group, the B operands of P.V (a second barrier).
 //   O^T [dims x 16 heads] += V8^T (P s_g / s_ref)^T by wgmma m64n16k16, dims as M: rows 16j + g and
 //     + 8 of the two 64-row slabs h of group p are dims 128p + 32j + 4g + 2h and + 1, so a thread's
@@ -377,11 +379,17 @@ __device__ __forceinline__ unsigned long long operand(unsigned addr) {
   return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-// D[64 x 16] (+)= A[64 x 16] B[16 x 16]: A in registers, B K-major in shared memory; fp16 or bf16.
-template <bool kBf16>
+// D[64 x 16] (+)= A[64 x 16] B[16 x 16]: A in registers, B in shared memory, K-major (or, fp16 only,
+// MN-major: 16-row groups of K 2048 B apart, 8-row groups 1024 B apart); fp16 or bf16.
+template <bool kBf16, bool kMnMajorB = false>
 __device__ __forceinline__ void wgmma_n16(float (&d)[8], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                           unsigned long long b, int accumulate) {
-  if (kBf16)
+  if (kMnMajorB)
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
+  else if (kBf16)
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
                  " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
@@ -393,8 +401,8 @@ __device__ __forceinline__ void wgmma_n16(float (&d)[8], unsigned a0, unsigned a
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
 }
 
-__device__ __forceinline__ void store_shared_u16(unsigned addr, unsigned short v) {
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+__device__ __forceinline__ void store_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // q [b, :H] into WgmmaShared::q: dim d of group p (d - 128p = 32t + 4s + e) at k-step 8p + s, k
@@ -430,6 +438,20 @@ __device__ __forceinline__ void stage_q(Shared& sh, const unsigned short* __rest
 }
 
 constexpr float kMaxSlack = 4.f;  // log2 units
+
+// P.V's A operand of latent group p comes from rows 16c + 2t, +1, +8, +9 (token chunk c): this
+// thread's 4 bytes at dims 128p + 32j + 4g of each.
+__device__ __forceinline__ void pv_bytes(const unsigned char* rows, int p, int j, int lane, unsigned (&w)[4][4]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const unsigned char* base = rows + (16 * c + 2 * t) * kRowBytes + 128 * p + 32 * j + 4 * g;
+    w[c][0] = *reinterpret_cast<const unsigned*>(base);
+    w[c][1] = *reinterpret_cast<const unsigned*>(base + kRowBytes);
+    w[c][2] = *reinterpret_cast<const unsigned*>(base + 8 * kRowBytes);
+    w[c][3] = *reinterpret_cast<const unsigned*>(base + 9 * kRowBytes);
+  }
+}
 
 __device__ __forceinline__ void team_sync(int team) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "n"(32 * kWarps) : "memory");
@@ -492,6 +514,8 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
                         q_desc + ((8 * kHeads * 128 + s * 32) >> 4), s > 0);
       wgmma_commit();
     }
+    unsigned pv[4][4];  // P.V's bytes of the next latent group
+    pv_bytes(rows, 0, j, lane, pv);
     const float4 sc0 = *reinterpret_cast<const float4*>(row0 + kScaleOffset);
     const float4 sc1 = *reinterpret_cast<const float4*>(row1 + kScaleOffset);
     const bool ok0 = sh.slots[stage][16 * j + g] >= 0, ok1 = sh.slots[stage][16 * j + g + 8] >= 0;
@@ -560,20 +584,18 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
       const int r = 4 * (hi >> 1) + (hi & 1);
       l_run[hi] = l_run[hi] * alpha[hi] + pr[r] + pr[r + 2];
     }
-    // P s_g / s_ref into group g's tile, [head][token] K-major: token 16j + g (+8) of head h.
+    // P s_g / s_ref into group g's tile, token rows: heads 8hb + 2t, +1 of token 16j + g (+8) are
+    // one word of 16-B chunk hb, swizzled by the token's low 3 bits (g).
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const unsigned tile = smem_addr(sh.wg.p[team][p]);
       const float f0 = (p == 0 ? sc0.x : p == 1 ? sc0.y : p == 2 ? sc0.z : sc0.w) * inv_ref;
       const float f1 = (p == 0 ? sc1.x : p == 1 ? sc1.y : p == 2 ? sc1.z : sc1.w) * inv_ref;
 #pragma unroll
-      for (int r = 0; r < 8; r += 2) {  // heads h and h + 1 of one token, packed then stored apart
-        const int h = 8 * (r >> 2) + 2 * t, row = (r & 2) ? 1 : 0;
+      for (int r = 0; r < 8; r += 2) {
+        const int hb = r >> 2, row = (r & 2) ? 1 : 0;
         const float f = row ? f1 : f0;
-        const unsigned pair = pack_f16x2(pr[r] * f, pr[r + 1] * f);
-        const int chunk = 2 * j + row;  // token 16j + g + 8 row, in 8-token chunks
-        store_shared_u16(tile + swizzled(kHeads, h, chunk) + 2 * g, static_cast<unsigned short>(pair & 0xffffu));
-        store_shared_u16(tile + swizzled(kHeads, h + 1, chunk) + 2 * g, static_cast<unsigned short>(pair >> 16));
+        store_shared_u32(tile + swizzled(kTile, 16 * j + g + 8 * row, hb) + 4 * t, pack_f16x2(pr[r] * f, pr[r + 1] * f));
       }
     }
     fence_async_shared();  // read next by wgmma
@@ -587,18 +609,16 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
     }
     team_sync(team);  // every P tile is written
 
-    // P.V, a latent group at a time: rows 16c + 2t, +1, +8, +9 give the fragment of token chunk c.
+    // P.V, a latent group at a time; each group's bytes are loaded while the previous group's
+    // MMAs run (the first group's before the softmax).
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       if (p >= 2) wgmma_wait<1>();
       unsigned a[4][2][4];  // token chunk c, slab h
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const unsigned char* base = rows + (16 * c + 2 * t) * kRowBytes + 128 * p + 32 * j + 4 * g;
-        const unsigned x = *reinterpret_cast<const unsigned*>(base);
-        const unsigned y = *reinterpret_cast<const unsigned*>(base + kRowBytes);
-        const unsigned z = *reinterpret_cast<const unsigned*>(base + 8 * kRowBytes);
-        const unsigned u = *reinterpret_cast<const unsigned*>(base + 9 * kRowBytes);
+        const unsigned x = pv[c][0], y = pv[c][1], z = pv[c][2], u = pv[c][3];
+        if (c == 3 && p < 3) pv_bytes(rows, p + 1, j, lane, pv);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // Bytes 2h, 2h + 1 of each: (token 2t, token 2t + 1) pairs of dims 4g + 2h and + 1.
@@ -612,8 +632,8 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
 #pragma unroll
       for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wgmma_n16<false>(o[p][h], a[c][h][0], a[c][h][1], a[c][h][2], a[c][h][3],
-                                                     p_desc + ((p * kHeads * 128 + 32 * c) >> 4), 1);
+        for (int h = 0; h < 2; ++h) wgmma_n16<false, true>(o[p][h], a[c][h][0], a[c][h][1], a[c][h][2], a[c][h][3],
+                                                           p_desc + ((p * kTile * 128 + 2048 * c) >> 4), 1);
       wgmma_commit();
     }
     __syncwarp();  // every lane's reads of the stage are done
