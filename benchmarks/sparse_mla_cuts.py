@@ -3,8 +3,8 @@ context. At H=8 (mma.sync): whole and with parts cut out of its source (P.V; the
 everything but the row copies, the mbarrier waits and the barriers; the cluster's merge of the
 parts), and each side alone (the producers not waiting for consumers, the consumers' math not
 waiting for rows). "Row copies and waits only" is the gather's own time in this pipeline, the
-ceiling the whole kernel can reach. At H=16 (--heads 16, the warpgroup-MMA consumers): whole and
-each side alone.
+ceiling the whole kernel can reach. At H=16 (--heads 16, the warpgroup-MMA consumers): whole, the
+producers with consumers that only free each tile, and the consumers' math alone.
 
     PYTHONPATH=kernels python3 benchmarks/sparse_mla_cuts.py [--heads 8|16] [--slots random|consecutive|shared]
 
@@ -47,8 +47,11 @@ CUTS = {"whole kernel": [], "no merge": [NO_MERGE], "no P.V": [NO_PV], "no P.V, 
         # The two sides alone: the producers streaming the ring without waiting for consumers, and
         # the consumers' math on whatever the ring holds, without waiting for producers.
         "producers alone": [NO_EMPTY_WAIT, NO_CONSUMERS], "consumers' math alone": [NO_EMPTY_WAIT, NO_FULL_WAIT, NO_PRODUCERS]}
-WGMMA_CUTS = {"whole kernel": [], "producers alone": [NO_EMPTY_WAIT, (PRODUCE + PRODUCERS_MERGE, PRODUCE),
-                                                       (WGMMA_CONSUMERS, "  if (n_tiles < (1 << 30)) return;\n")],
+# Its producers alone: the consumers only wait for each tile and free it (bulk copies in flight
+# must land before the CTA ends, so the ring is not left unwatched).
+WGMMA_ONLY_WAIT = ("  for (int i = team; i < n_tiles; i += kTeams) {\n    landed(sh, i);\n    __syncwarp();\n"
+                   "    if (lane == 0) mbar_arrive(&sh.empty[i % kStages]);\n  }\n  if (n_tiles < (1 << 30)) return;\n")
+WGMMA_CUTS = {"whole kernel": [], "producers alone": [(PRODUCE + PRODUCERS_MERGE, PRODUCE), (WGMMA_CONSUMERS, WGMMA_ONLY_WAIT)],
               "consumers' math alone": [NO_FULL_WAIT, NO_PRODUCERS]}
 # The default; 32-row tiles; one team a CTA, 4 slices at 2 CTAs/SM (the eighth round's layout).
 LAYOUTS = [dict(), dict(tile=32, stages=6), dict(num_splits=4, teams=1, tile=32, stages=3, ctas_per_sm=2)]

@@ -315,10 +315,11 @@ def sparse_mla_decode_cuda(
     (32 or 64) rows a step into a ring of `stages`; `ctas_per_sm` is the register budget's target
     (__launch_bounds__). `wgmma` (the default above 8 heads, sm_90a): each team is a warpgroup
     on warpgroup MMAs with tokens, then latent dims, as M and the 16 heads as N, 64-row tiles,
-    four producer warps giving their registers to the consumers (setmaxnreg); otherwise one warp
+    four producer warps moving each row by one bulk copy and giving their registers to the
+    consumers (setmaxnreg); otherwise one warp
     a latent group on mma.sync. The defaults were the best at B=64, K=2048 on an H200
     (docs/benchmarks.md): 64-row tiles in 3 stages, on mma.sync for up to 8 heads and wgmma for 9
-    to 16 (mma.sync there: 32-row tiles in 5 stages, 23% slower)."""
+    to 16 (mma.sync there: 32-row tiles in 5 stages, 25% slower)."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape

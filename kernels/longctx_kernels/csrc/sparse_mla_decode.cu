@@ -244,6 +244,47 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
+#if SPARSE_MLA_WGMMA
+constexpr int kFullArrivals = 2 * kProducers;  // per producer warp: its rows' bytes expected, its slots stored
+// Producer warp `producer` (the wgmma consumers' variant): tile after tile into the ring, each as
+// soon as the consumers have freed its stage. Lane l < 16 takes row producer + kProducers l of
+// every tile, its slot read one tile ahead: one bulk copy of the 656-B row by the copy engine onto
+// the stage's full barrier (an LSU copy a 16-B chunk took issue slots and MIO queue from the
+// consumers), or, for a missing row (slot -1), zeros stored by the warp, never a read of a shared
+// row.
+__device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restrict__ cache,
+                                        const int* __restrict__ slots, int count, int n_tiles, int lane, int producer) {
+  constexpr int kRowsPerWarp = kTile / kProducers;
+  static_assert(kRowsPerWarp <= 32, "a lane a row");
+  const bool copier = lane < kRowsPerWarp;
+  const int row = producer + kProducers * lane;
+  int next = copier && row < count ? __ldg(slots + row) : -1;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int cur = next;
+    next = copier && (j + 1) * kTile + row < count ? __ldg(slots + (j + 1) * kTile + row) : -1;
+    const int stage = j % kStages;
+    if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1) & 1);
+    const unsigned real = __ballot_sync(0xffffffffu, copier && cur >= 0);
+    const unsigned full = smem_addr(&sh.full[stage]);
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full), "r"(__popc(real) * kRowBytes) : "memory");
+    if (copier && cur >= 0)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                   ::"r"(smem_addr(sh.rows[stage] + row * kRowBytes)),
+                   "l"(cache + static_cast<unsigned long long>(cur) * kRowBytes), "n"(kRowBytes), "r"(full) : "memory");
+    // Missing rows, zeroed by the whole warp: 16 B a lane, 41 chunks a row.
+    for (unsigned missing = __ballot_sync(0xffffffffu, copier && cur < 0); missing; missing &= missing - 1) {
+      unsigned char* zeros = sh.rows[stage] + (producer + kProducers * (__ffs(missing) - 1)) * kRowBytes;
+      *reinterpret_cast<uint4*>(zeros + 16 * lane) = make_uint4(0u, 0u, 0u, 0u);
+      if (lane < kRowBytes / 16 - 32) *reinterpret_cast<uint4*>(zeros + 512 + 16 * lane) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (copier) sh.slots[stage][row] = cur;
+    __syncwarp();  // the warp's zeros and slots, then one arrival for them
+    if (lane == 0) mbar_arrive(&sh.full[stage]);
+  }
+}
+#else
+constexpr int kFullArrivals = 64 * kProducers;
 // Producer warp `producer`: tile after tile into the ring, each as soon as the consumers have
 // freed its stage, copying rows producer, producer + kProducers, ... Lane l holds the slots of rows
 // l (and l + 32) of a tile, read one tile ahead, and their offsets in 16-B units; a row is 41 16-B
@@ -291,6 +332,7 @@ __device__ __forceinline__ void produce(Shared& sh, const unsigned char* __restr
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
+#endif
 
 // Tile i's rows in the ring, once they have landed. With several teams, the stage's previous tile
 // (i - kStages) may be another team's and still landing: the full barrier's parity names tile i
@@ -706,7 +748,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   // now on, and this one touches global memory only once the previous kernel is done.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid < kStages) {
-    mbar_init(&sh.full[tid], 64 * kProducers);
+    mbar_init(&sh.full[tid], kFullArrivals);
     mbar_init(&sh.empty[tid], kWarps);
   }
   __syncthreads();
