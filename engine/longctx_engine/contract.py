@@ -213,6 +213,22 @@ class Kind:
     verbs: tuple[str, ...] = ()  # what else the operator does with it (Events: create)
     status_patch: bool = False   # the operator writes its status subresource
     cluster_scoped: bool = False
+    only_with_label: str | None = None   # watched only when it carries this label
+
+    @property
+    def watch_labels(self) -> dict[str, str | None]:
+        """What selects the objects the operator watches: its children carry the managed-by
+        label (None: the label is present, whatever its value)."""
+        if not (self.managed or self.watched):
+            return {}
+        labels: dict[str, str | None] = {MANAGED_BY_LABEL: FIELD_MANAGER}
+        if self.only_with_label:
+            labels[self.only_with_label] = None
+        return labels
+
+    @property
+    def label_selector(self) -> str:
+        return ",".join(k if v is None else f"{k}={v}" for k, v in self.watch_labels.items())
 
     @property
     def cached(self) -> bool:
@@ -269,7 +285,9 @@ KINDS = (
          crd="scaledobjects.keda.sh"),
     # Pods are never created or deleted by the operator; a pod leaving on scale-down gets
     # its serving label turned off (a metadata patch) so that the pool stops selecting it.
-    Kind("v1", "Pod", "pods", watched=True, verbs=("get", "list", "watch", "patch")),
+    # Only engine pods (they carry the llm-d role): the picker's are read via its Deployment.
+    Kind("v1", "Pod", "pods", watched=True, verbs=("get", "list", "watch", "patch"),
+         only_with_label=ROLE_LABEL),
     Kind("v1", "Event", "events", verbs=("create",)),
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions",

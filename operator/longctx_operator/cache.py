@@ -1,9 +1,9 @@
 """Watch caches of what a reconcile reads: one list-then-watch reflector per cached kind
-(the CRs, their children and the pods).
+(the CRs, their children and the engine pods).
 
 A reconcile reads these stores instead of the API server, so it makes no GET or LIST of
-its own. Each reflector lists the objects (children: those carrying the operator's
-managed-by label), then watches from that list's resourceVersion, and relists after an
+its own. Each reflector lists the objects (of a child kind, those its `watch_labels`
+select), then watches from that list's resourceVersion, and relists after an
 expired watch (HTTP 410) or any error. A kind whose CRD is optional is listed once that
 CRD is established. Until its first list is in, a kind is not `synced` and readers fall
 back to the API. Objects are stored without `metadata.managedFields`, which the reconcile
@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import urllib3
@@ -29,69 +30,92 @@ Key = tuple[str, str]   # (namespace, name)
 WATCH_SECONDS = 240
 
 
-def _slim(obj: dict[str, Any]) -> dict[str, Any]:
-    obj.get("metadata", {}).pop("managedFields", None)
+def _compact(obj: dict[str, Any]) -> str:
+    """The stored form of an object: compact JSON without `metadata.managedFields` (a
+    fifth of the memory of the parsed object; a reconcile decodes the few it reads).
+    The object passed in is not modified."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     if obj.get("kind") == "CustomResourceDefinition":   # only whether it is established
-        obj = {"kind": obj["kind"], "metadata": obj["metadata"],
-               "status": {"conditions": (obj.get("status") or {}).get("conditions", [])}}
-    return obj
+        meta = {"name": meta["name"], "resourceVersion": meta.get("resourceVersion", "")}
+        obj = {"kind": obj["kind"], "status": {"conditions": [
+            {"type": c.get("type"), "status": c.get("status")}
+            for c in (obj.get("status") or {}).get("conditions", [])]}}
+    return json.dumps({**obj, "metadata": meta}, separators=(",", ":"))
 
 
-def _newer(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
-    """resourceVersions are etcd revisions here; compare them numerically when they are."""
-    if current is None:
-        return True
-    new, old = (o["metadata"].get("resourceVersion", "") for o in (candidate, current))
-    return not (new.isdigit() and old.isdigit()) or int(new) >= int(old)
+@dataclass(frozen=True)
+class _Entry:
+    labels: dict[str, str]
+    version: str
+    text: str
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> "_Entry":
+        meta = obj["metadata"]
+        return cls(dict(meta.get("labels") or {}), meta.get("resourceVersion", ""),
+                   _compact(obj))
+
+    def newer_than(self, current: "_Entry | None") -> bool:
+        """resourceVersions are etcd revisions here; compared numerically when they are."""
+        if current is None:
+            return True
+        new, old = self.version, current.version
+        return not (new.isdigit() and old.isdigit()) or int(new) >= int(old)
 
 
 class Store:
     """The objects of one kind, by (namespace, name), from the reflectors of its scopes (all
     namespaces, or each watched namespace), and by the CR they belong to (its instance
-    label), which every reconcile's selector names."""
+    label), which every reconcile's selector names. Reads return fresh copies."""
 
     def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
         self.kind = kind
         self._lock = threading.Lock()
-        self._objects: dict[Key, dict[str, Any]] = {}
-        self._by_instance: dict[Key, dict[Key, dict[str, Any]]] = {}
+        self._objects: dict[Key, _Entry] = {}
+        self._by_instance: dict[Key, set[Key]] = {}
         self._unlisted = set(scopes)
         self.synced = threading.Event()   # every scope listed at least once
 
     @staticmethod
-    def _instance(key: Key, obj: dict[str, Any]) -> Key:
-        return key[0], (obj["metadata"].get("labels") or {}).get(contract.INSTANCE_LABEL, "")
+    def _instance(key: Key, entry: _Entry) -> Key:
+        return key[0], entry.labels.get(contract.INSTANCE_LABEL, "")
 
-    def _put(self, key: Key, obj: dict[str, Any]) -> None:
+    def _put(self, key: Key, entry: _Entry) -> None:
         self._drop(key)
-        self._objects[key] = obj
-        self._by_instance.setdefault(self._instance(key, obj), {})[key] = obj
+        self._objects[key] = entry
+        self._by_instance.setdefault(self._instance(key, entry), set()).add(key)
 
     def _drop(self, key: Key) -> None:
         old = self._objects.pop(key, None)
         if old is not None:
-            group = self._by_instance.get(self._instance(key, old), {})
-            group.pop(key, None)
+            group = self._by_instance.get(self._instance(key, old), set())
+            group.discard(key)
             if not group:
                 self._by_instance.pop(self._instance(key, old), None)
 
     def replace(self, scope: str | None, items: Iterable[dict[str, Any]]) -> None:
-        fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _slim(o)
+        fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _Entry.of(o)
                  for o in items}
         with self._lock:
             for key in [k for k in self._objects if scope is None or k[0] == scope]:
                 self._drop(key)
-            for key, obj in fresh.items():
-                self._put(key, obj)
+            for key, entry in fresh.items():
+                self._put(key, entry)
             self._unlisted.discard(scope)
             if not self._unlisted:
                 self.synced.set()
 
     def upsert(self, obj: dict[str, Any]) -> None:
-        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
-            if _newer(obj, self._objects.get(key)):
-                self._put(key, _slim(obj))
+            current = self._objects.get(key)
+        if current is not None and current.version == meta.get("resourceVersion"):
+            return   # the same version, from the other watch
+        entry = _Entry.of(obj)
+        with self._lock:
+            if entry.newer_than(self._objects.get(key)):
+                self._put(key, entry)
 
     def remove(self, obj: dict[str, Any]) -> None:
         with self._lock:
@@ -99,16 +123,17 @@ class Store:
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
-            return self._objects.get((namespace, name))
+            entry = self._objects.get((namespace, name))
+        return json.loads(entry.text) if entry is not None else None
 
     def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         with self._lock:
             instance = labels.get(contract.INSTANCE_LABEL)
-            candidates = self._by_instance.get((namespace, instance), {}).values() \
-                if instance is not None else \
-                [o for (ns, _), o in self._objects.items() if ns == namespace]
-            return [o for o in candidates if all(
-                (o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+            keys = self._by_instance.get((namespace, instance), set()) if instance is not None \
+                else [k for k in self._objects if k[0] == namespace]
+            found = [e for e in (self._objects[k] for k in keys)
+                     if all(e.labels.get(k) == v for k, v in labels.items())]
+        return [json.loads(e.text) for e in found]
 
     def __len__(self) -> int:
         with self._lock:
@@ -186,11 +211,9 @@ class Caches:
         self.crds = Store(crd, (None,))
         self._reflectors = [Reflector(kube, self.crds, None, selector="")]
         self.stores = {k.kind: Store(k, scopes) for k in contract.CACHED_KINDS}
-        children = f"{contract.MANAGED_BY_LABEL}={contract.FIELD_MANAGER}"
         for k in contract.CACHED_KINDS:
             ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
-            self._reflectors += [Reflector(kube, self.stores[k.kind], ns,
-                                           selector="" if k.kind == contract.KIND else children,
+            self._reflectors += [Reflector(kube, self.stores[k.kind], ns, k.label_selector,
                                            ready=ready) for ns in scopes]
 
     def start(self) -> None:

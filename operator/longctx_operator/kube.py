@@ -102,10 +102,11 @@ class Kube:
         raise AssertionError("unreachable")
 
     @contextmanager
-    def stream(self, path: str, query: list, read_timeout: float) -> Iterator[Any]:
+    def stream(self, path: str, query: list, read_timeout: float,
+               accept: str = "application/json") -> Iterator[Any]:
         """A streamed GET (a watch): yields the response, whose iteration gives lines."""
         _, url, headers, _, _ = self.api.param_serialize(
-            "GET", path, query_params=query, header_params={"Accept": "application/json"},
+            "GET", path, query_params=query, header_params={"Accept": accept},
             auth_settings=["BearerToken"])
         response = self.api.rest_client.pool_manager.request(
             "GET", url, headers=headers, preload_content=False,

@@ -315,7 +315,7 @@ class ControlPlane:
             f"--service-account-issuer={self.server}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            "--service-cluster-ip-range=10.0.0.0/16", "--allow-privileged=true",
             # The "kubernetes" Service would point at 127.0.0.1, which the reconciler refuses.
             "--endpoint-reconciler-type=none",
             f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1"]
@@ -375,7 +375,7 @@ class ControlPlane:
         self._spawn("kwok", [
             f"--kubeconfig={kc}", "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--node-lease-duration-seconds=40", "--cidr=10.0.0.1/24", "--node-ip=10.0.0.1",
+            "--node-lease-duration-seconds=40", "--cidr=10.1.0.1/16", "--node-ip=10.0.0.1",
             "--server-address=", *stages])
         # The default ServiceAccount appearing proves the controller-manager works.
         self._wait("kube-controller-manager", lambda: self.kubectl(
