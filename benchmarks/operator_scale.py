@@ -47,8 +47,8 @@ class Observer:
     child first exists and when each CR first reports Ready=True."""
 
     def __init__(self, kubeconfig: Path, child_kinds: set[str]):
-        kubernetes.config.load_kube_config(config_file=str(kubeconfig))
-        self.kube = Kube()
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+        self.kube = Kube.from_environment()
         self.ready_at: dict[str, float] = {}
         self._children: dict[str, set[str]] = {}
         self._stopping = threading.Event()

@@ -39,7 +39,7 @@ def _compact(obj: dict[str, Any]) -> str:
         meta = {"name": meta["name"], "resourceVersion": meta.get("resourceVersion", "")}
         obj = {"kind": obj["kind"], "status": {"conditions": [
             {"type": c.get("type"), "status": c.get("status")}
-            for c in (obj.get("status") or {}).get("conditions", [])]}}
+            for c in (obj.get("status") or {}).get("conditions") or []]}}
     return json.dumps({**obj, "metadata": meta}, separators=(",", ":"))
 
 
@@ -165,8 +165,13 @@ class Reflector(threading.Thread):
             except (KubeError, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 log.info("watch of %s: %s; relisting in %.1f s", self.store.kind.plural, exc,
                          backoff)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 30)
+            except Exception:   # an object this cache cannot read must not end the cache
+                log.exception("watch of %s failed; relisting in %.1f s",
+                              self.store.kind.plural, backoff)
+            else:
+                continue
+            self.stopping.wait(backoff)
+            backoff = min(backoff * 2, 30)
 
     def _list(self) -> str:
         body = self.kube.list_raw(self.store.kind, self.namespace, self.selector)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRYABLE = {409, 429, 500, 502, 503, 504}
+CONNECTIONS = 64   # more than the watch caches' streams plus the reconcile workers
 
 
 class KubeError(RuntimeError):
@@ -66,7 +67,12 @@ class Kube:
         except kubernetes.config.ConfigException:
             # Read KUBECONFIG now: the client captures it once, at import time.
             kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        return cls()
+        config = kubernetes.client.Configuration.get_default_copy()
+        # Each watch cache holds a connection for its stream and each reconcile worker one
+        # for its requests; from a full pool a connection is discarded after use, and every
+        # later request pays a new TLS handshake.
+        config.connection_pool_maxsize = CONNECTIONS
+        return cls(kubernetes.client.ApiClient(config))
 
     # -- low level
 
