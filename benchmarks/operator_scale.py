@@ -34,7 +34,8 @@ sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
 from longctx_engine import contract  # noqa: E402
 from longctx_operator.kube import Kube, KubeError, collection_path  # noqa: E402
-from tests.cluster.controlplane import ControlPlane, free_port  # noqa: E402
+from tests.cluster.controlplane import ControlPlane  # noqa: E402
+from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 
 NAMESPACE = "scale"
 CREATORS = 4
@@ -162,14 +163,10 @@ def main() -> int:
             cp.kubectl("apply", "--server-side", "-f", str(f))
         cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         cp.kubectl("create", "namespace", NAMESPACE)
-        metrics_port = free_port()
         env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
                "PYTHONPATH": f"{REPO / 'engine'}:{REPO / 'operator'}"}
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "longctx_operator.cli", "operator", "--metrics-address",
-             "127.0.0.1", "--metrics-port", str(metrics_port), "--health-address", "127.0.0.1",
-             "--health-port", str(free_port())],
-            env=env, stdout=open(cp.workdir / "operator.log", "wb"), stderr=subprocess.STDOUT)
+        operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
+        metrics_port = operator.metrics_port
         time.sleep(5)
         base = yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())
         base["spec"]["prefill"]["replicas"] = 0
@@ -187,7 +184,8 @@ def main() -> int:
 
         print(f"creating {args.crs} CRs ({per_cr} children each) ...", flush=True)
         observer = Observer(cp.kubeconfig, {d["kind"] for d in children})
-        processes = {"operator": operator.pid, **{n: p.pid for n, p in cp.processes.items()}}
+        processes = {"operator": operator.proc.pid,
+                     **{n: p.pid for n, p in cp.processes.items()}}
         processes["this benchmark (CR creation, watches)"] = os.getpid()
         cpu_before = {n: cpu_seconds(pid) for n, pid in processes.items()}
         created_at = time.monotonic()
@@ -226,7 +224,7 @@ def main() -> int:
              f"{per_cr} children + status"),
             (f"API writes per CR in {args.steady_seconds} s of steady state",
              f"{(writes(steady) - writes(at_creation)) / args.crs:.2f}", "ideal: 0"),
-            ("operator resident memory", f"{rss_mib(operator.pid):.0f} MiB", ""),
+            ("operator resident memory", f"{rss_mib(operator.proc.pid):.0f} MiB", ""),
         ]
         rows += [(f"CPU of {name} until all Ready", f"{used:.1f} s",
                   f"{100 * used / busy:.0f}% of one core")
@@ -237,13 +235,8 @@ def main() -> int:
             print(f"{name:<{width}}  {value:<28}  {note}")
         return 0
     finally:
-        if operator and operator.poll() is None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:   # still finishing reconciles: not measured
-                operator.kill()
-                operator.wait(timeout=10)
+        if operator:
+            operator.stop(grace=30)   # may still be finishing reconciles: not measured
         cp.stop()
 
 

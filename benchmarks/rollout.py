@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
-from tests.cluster.controlplane import ControlPlane, free_port, model_volume  # noqa: E402
+from tests.cluster.controlplane import ControlPlane, model_volume  # noqa: E402
+from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 from tests.cluster.kwok_stages import LOAD_IMAGE, LOAD_IMAGE_2  # noqa: E402
 from tests.cluster.sampling import SAMPLE_SECONDS, PoolSampler  # noqa: E402
 
@@ -121,22 +121,12 @@ def main() -> int:
             cp.kubectl("apply", "--server-side", "-f", str(f))
         cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         os.environ["KUBECONFIG"] = str(cp.kubeconfig)
-        env = {**os.environ, "PYTHONPATH": f"{REPO / 'engine'}:{REPO / 'operator'}"}
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "longctx_operator.cli", "operator", "--metrics-address",
-             "127.0.0.1", "--metrics-port", str(free_port()), "--health-address", "127.0.0.1",
-             "--health-port", str(free_port())],
-            env=env, stdout=open(cp.workdir / "operator.log", "wb"), stderr=subprocess.STDOUT)
+        operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
         time.sleep(5)
         results = [run_case(cp, s, r, args.load_seconds) for s, r in CASES]
     finally:
-        if operator and operator.poll() is None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(timeout=10)
+        if operator:
+            operator.stop(grace=30)
         cp.stop()
     print(f"image upgrade of the example; simulated model load {args.load_seconds:.0f} s, "
           f"drain window {DRAIN_SECONDS} s, sampled every {SAMPLE_SECONDS * 1000:.0f} ms\n")

@@ -8,13 +8,13 @@ created and the CR's status, then tears everything down.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.cluster.controlplane import REPO, ControlPlane, free_port, model_volume
+from tests.cluster.controlplane import REPO, ControlPlane, model_volume
+from tests.cluster.operator_process import OperatorProcess
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 NAMESPACE = "longctx-demo"
@@ -39,13 +39,7 @@ def main() -> int:
         cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
         step("starting the operator (longctx operator)")
-        log_path = cp.workdir / "operator.log"
-        env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig)}
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "longctx_operator.cli", "operator",
-             "--metrics-address", "127.0.0.1", "--metrics-port", str(free_port()),
-             "--health-address", "127.0.0.1", "--health-port", str(free_port())],
-            env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+        operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
 
         step(f"capacity plan of {EXAMPLE.relative_to(REPO)} (offline: longctx plan)")
         subprocess.run([sys.executable, "-m", "longctx_operator.cli", "plan", "-f", str(EXAMPLE)],
@@ -73,8 +67,8 @@ def main() -> int:
                 last = line
             if conds.get("Ready", {}).get("status") == "True":
                 break
-            if operator.poll() is not None or time.monotonic() > deadline:
-                print(log_path.read_text()[-4000:])
+            if not operator.alive or time.monotonic() > deadline:
+                print(operator.log.read_text()[-4000:])
                 raise SystemExit("the CR did not become Ready; the operator log is above")
             time.sleep(1)
 
@@ -102,12 +96,8 @@ def main() -> int:
         return 0
     finally:
         step("tearing down")
-        if operator and operator.poll() is None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                operator.kill()
+        if operator:
+            operator.stop()
         cp.stop()
 
 

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,7 +20,7 @@ import yaml
 from longctx_engine import api, contract
 from longctx_engine.roles import serving_plan
 from longctx_operator.desired import desired_objects
-from tests.cluster.controlplane import _die_with_parent, free_port
+from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.test_reconcile import children
 from tests.conftest import REPO, example_cr, wait_for
 
@@ -53,48 +49,14 @@ FAULTS = [
 ]
 
 
-class Operator:
-    """`longctx operator` as a child process, bound to 127.0.0.1; only it is signalled."""
+class Operator(OperatorProcess):
+    """The operator under fault: named, optionally peered, watches restarted every 10 s."""
 
     def __init__(self, cluster, log_dir: Path, name: str = "op", peering: str | None = None):
-        self.cluster, self.name, self.peering = cluster, name, peering
-        self.log = log_dir / f"operator-{name}.log"
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Operator":
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
-               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in
-                                             ("engine", "operator", "kernels", ".")),
-               "LONGCTX_WATCH_SERVER_TIMEOUT": "10", "POD_ID": self.name,
-               "LONGCTX_PEERING_LIFETIME": str(PEERING_LIFETIME)}
-        env.pop("LONGCTX_METRICS_PORT", None)
-        args = [sys.executable, "-m", "longctx_operator.cli", "operator",
-                f"--metrics-port={self.metrics_port}", "--metrics-address=127.0.0.1",
-                f"--health-port={free_port()}", "--health-address=127.0.0.1"]
-        if self.peering:
-            args.append(f"--peering={self.peering}")
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        super().__init__(cluster.kubeconfig, log_dir / f"operator-{name}.log",
+                         args=(f"--peering={peering}",) if peering else (),
+                         env={"LONGCTX_WATCH_SERVER_TIMEOUT": "10", "POD_ID": name,
+                              "LONGCTX_PEERING_LIFETIME": str(PEERING_LIFETIME)})
 
     def writes(self, kind: str | None = None) -> float:
         """longctx_api_writes_total, summed (over one kind's), from /metrics."""
@@ -109,9 +71,6 @@ class Operator:
                     kind is None or f'kind="{kind}"' in line):
                 total += float(line.rsplit(" ", 1)[1])
         return total
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture

@@ -12,11 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -26,8 +22,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tests.cluster.controlplane import free_port
-from tests.conftest import REPO, example_cr, revision_of, sts_name, wait_for
+from tests.cluster.operator_process import OperatorProcess
+from tests.conftest import example_cr, revision_of, sts_name, wait_for
 from tests.helm.chart import CHART
 
 pytestmark = pytest.mark.cluster
@@ -35,31 +31,19 @@ pytestmark = pytest.mark.cluster
 RBAC_DENIAL = re.compile(r'cannot (get|list|watch|create|update|patch|delete) resource')
 
 
-class ServiceAccountOperator:
-    """`python -m longctx_operator.cli operator` with the ServiceAccount's kubeconfig."""
+class ServiceAccountOperator(OperatorProcess):
+    """`python -m longctx_operator.cli operator` with the ServiceAccount's kubeconfig,
+    verbose, started once its /healthz answers."""
 
     def __init__(self, kubeconfig: Path, log_path: Path, args: list[str]):
-        self.kubeconfig, self.log_path, self.args = kubeconfig, log_path, args
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.proc: subprocess.Popen | None = None
+        super().__init__(kubeconfig, log_path, args=("--verbose", *args),
+                         env={"LONGCTX_WATCH_SERVER_TIMEOUT": "10"})
 
     def start(self) -> "ServiceAccountOperator":
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
-               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in
-                                             ("engine", "operator", "kernels", ".")),
-               "LONGCTX_WATCH_SERVER_TIMEOUT": "10"}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "longctx_operator.cli", "operator",
-             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-             "--health-address", "127.0.0.1", "--health-port", str(self.health_port),
-             "--verbose", *self.args],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=REPO, start_new_session=True)
+        super().start()
 
         def healthy() -> bool:
-            assert self.proc.poll() is None, f"the operator exited:\n{self.output()[-3000:]}"
+            assert self.alive, f"the operator exited:\n{self.output()[-3000:]}"
             try:
                 url = f"http://127.0.0.1:{self.health_port}/healthz"
                 return urllib.request.urlopen(url, timeout=2).status == 200
@@ -70,21 +54,14 @@ class ServiceAccountOperator:
         return self
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log.read_text(errors="replace")
 
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         return urllib.request.urlopen(url, timeout=5).read().decode()
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # only the process this test started
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
+    def stop(self, grace: float = 30) -> None:
+        super().stop(grace)
 
 
 def service_account_kubeconfig(cluster, namespace: str, sa: str, path: Path) -> Path:
@@ -198,11 +175,11 @@ def test_chart_rbac_is_enough_to_reach_ready(cluster, namespace, release, tmp_pa
                 "reconciled: `longctx operator` without --peering passes peering_name "
                 "'longctx' to kopf.run together with standalone=True, which makes peering "
                 "mandatory with no peering resource (operator/longctx_operator/cli.py; pass "
-                f"peering_name=args.peering). Log: {op.log_path}")
+                f"peering_name=args.peering). Log: {op.log}")
             return is_ready(cluster, "glm", namespace)
 
         status = wait_for(ready_or_explain, 180,
-                          f"the CR's Ready condition (operator log: {op.log_path})", interval=1)
+                          f"the CR's Ready condition (operator log: {op.log})", interval=1)
         assert status["phase"] == "Ready"
         assert status["prefill"]["readyReplicas"] == 1 and status["decode"]["readyReplicas"] == 1
         # Every child the operator makes, including the picker's Role and RoleBinding (which
@@ -311,7 +288,7 @@ def test_removing_one_verb_fails_with_a_clear_403(cluster, namespace, release, t
         cluster.kubectl("annotate", "lcd", "glm", "-n", namespace, "--overwrite",
                         f"test.longctx.dev/nudge={uuid.uuid4().hex[:6]}")
         wait_for(lambda: is_ready(cluster, "glm", namespace), 180,
-                 f"Ready after the verb came back (operator log: {op.log_path})", interval=1)
+                 f"Ready after the verb came back (operator log: {op.log})", interval=1)
         delete_crs(cluster, namespace)
     finally:
         op.stop()
