@@ -29,8 +29,12 @@ def _check(result):
 
 
 def compile_cubin(source: str, arch: str, defines: tuple[tuple[str, int], ...] = ()) -> bytes:
-    """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"), with -D`defines`. Needs no GPU."""
-    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []))
+    """NVRTC: CUDA C++ source -> cubin for `arch` (e.g. "sm_90"), with -D`defines`; the source
+    may include any csrc/*.cuh by name. Needs no GPU."""
+    headers = sorted(CSRC.glob("*.cuh"))
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", len(headers),
+                                           [h.read_bytes() for h in headers],
+                                           [h.name.encode() for h in headers]))
     # -default-device: unannotated functions (generic lambdas among them) are device code.
     opts = [f"-arch={arch}".encode(), b"-std=c++17", b"-lineinfo", b"-default-device"] + [f"-D{k}={v}".encode() for k, v in defines]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)

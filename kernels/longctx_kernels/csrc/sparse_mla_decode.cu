@@ -396,19 +396,7 @@ __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __
 // Heads take the accumulators' columns in both products, so a thread's output columns are the
 // heads of its scores: rescaling needs no shuffle.
 
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accumulator accesses across a wgmma wait.
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+#include "wgmma.cuh"
 
 // Byte offset of 16-B chunk `chunk` (elements 8 chunk .. + 7) of row `row` in a K-major operand of
 // `rows` rows: 64-element blocks of rows x 128 B, the chunk index XOR the row's low 3 bits.

@@ -66,21 +66,7 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned
          (static_cast<unsigned long long>(stride >> 4) << 32) | (1ull << 62);
 }
 
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accumulator accesses across a wgmma wait or fence.
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+#include "wgmma.cuh"
 
 __device__ __forceinline__ float exp2_approx(float x) {  // 2^x, -inf -> 0
   float y;
