@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -28,6 +29,7 @@ from .kube import Kube, KubeError, collection_path
 log = logging.getLogger(__name__)
 Key = tuple[str, str]   # (namespace, name)
 WATCH_SECONDS = 240
+TOMBSTONES = 10_000   # deletions remembered per kind, far more than one watch lags another
 
 
 def _compact(obj: dict[str, Any]) -> str:
@@ -56,23 +58,31 @@ class _Entry:
                    _compact(obj))
 
     def newer_than(self, current: "_Entry | None") -> bool:
-        """resourceVersions are etcd revisions here; compared numerically when they are."""
-        if current is None:
-            return True
-        new, old = self.version, current.version
-        return not (new.isdigit() and old.isdigit()) or int(new) >= int(old)
+        return current is None or _not_older(self.version, current.version)
+
+
+def _not_older(new: str, old: str) -> bool:
+    """resourceVersions are etcd revisions here; compared numerically when they are."""
+    return not (new.isdigit() and old.isdigit()) or int(new) >= int(old)
 
 
 class Store:
     """The objects of one kind, by (namespace, name), from the reflectors of its scopes (all
     namespaces, or each watched namespace), and by the CR they belong to (its instance
-    label), which every reconcile's selector names. Reads return fresh copies."""
+    label), which every reconcile's selector names. Reads return fresh copies.
+
+    Two watches feed a store (its reflector's and Kopf's), and either may deliver an
+    object's last update after the other delivered its deletion. A deleted object's
+    resourceVersion is kept as a tombstone, so that late update cannot bring it back (a
+    ghost pod would keep a Recreate rollout waiting for ever); an object created again under
+    the same name has a newer version and is stored."""
 
     def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
         self.kind = kind
         self._lock = threading.Lock()
         self._objects: dict[Key, _Entry] = {}
         self._by_instance: dict[Key, set[Key]] = {}
+        self._tombstones: OrderedDict[Key, str] = OrderedDict()
         self._unlisted = set(scopes)
         self.synced = threading.Event()   # every scope listed at least once
 
@@ -93,11 +103,26 @@ class Store:
             if not group:
                 self._by_instance.pop(self._instance(key, old), None)
 
-    def replace(self, scope: str | None, items: Iterable[dict[str, Any]]) -> None:
+    def _bury(self, key: Key, version: str) -> None:
+        self._tombstones.pop(key, None)
+        self._tombstones[key] = version
+        while len(self._tombstones) > TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    def _buried(self, key: Key, entry: _Entry) -> bool:
+        version = self._tombstones.get(key, "")
+        return entry.version.isdigit() and version.isdigit() and \
+            int(entry.version) <= int(version)
+
+    def replace(self, scope: str | None, items: Iterable[dict[str, Any]],
+                version: str = "") -> None:
+        """A list's items, at the list's resourceVersion: what it lacks was deleted by then."""
         fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _Entry.of(o)
                  for o in items}
         with self._lock:
             for key in [k for k in self._objects if scope is None or k[0] == scope]:
+                if key not in fresh:
+                    self._bury(key, version)
                 self._drop(key)
             for key, entry in fresh.items():
                 self._put(key, entry)
@@ -114,12 +139,19 @@ class Store:
             return   # the same version, from the other watch
         entry = _Entry.of(obj)
         with self._lock:
-            if entry.newer_than(self._objects.get(key)):
+            if entry.newer_than(self._objects.get(key)) and not self._buried(key, entry):
+                self._tombstones.pop(key, None)
                 self._put(key, entry)
 
     def remove(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
-            self._drop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
+            current = self._objects.get(key)
+            version = meta.get("resourceVersion", "")
+            if current is None or _not_older(version, current.version):
+                self._drop(key)
+                self._bury(key, version)
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -175,8 +207,9 @@ class Reflector(threading.Thread):
 
     def _list(self) -> str:
         body = self.kube.list_raw(self.store.kind, self.namespace, self.selector)
-        self.store.replace(self.namespace, body.get("items") or [])
-        return body["metadata"]["resourceVersion"]
+        version = body["metadata"]["resourceVersion"]
+        self.store.replace(self.namespace, body.get("items") or [], version)
+        return version
 
     def _watch(self, version: str) -> str | None:
         """Applies events until the watch ends; returns the version to resume from, or None

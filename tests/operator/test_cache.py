@@ -41,7 +41,7 @@ def test_a_relabelled_object_moves_between_instances_and_a_removed_one_leaves():
     assert names(store.select("ns", {contract.INSTANCE_LABEL: "b"})) == {"x"}
     store.upsert(obj("x", "a", version="1"))   # an older version is ignored
     assert names(store.select("ns", {contract.INSTANCE_LABEL: "b"})) == {"x"}
-    store.remove(obj("x", "b"))
+    store.remove(obj("x", "b", version="3"))
     assert names(store.select("ns", {contract.INSTANCE_LABEL: "b"})) == set() and len(store) == 0
 
 
@@ -61,3 +61,30 @@ def test_a_store_is_synced_only_when_every_scope_is_listed():
     assert not store.synced.is_set()
     store.replace("other", [])
     assert store.synced.is_set()
+
+
+def test_a_late_update_of_a_deleted_object_does_not_bring_it_back():
+    store = Store(KIND, (None,))
+    store.replace(None, [obj("pod", "a", version="5")])
+    store.remove(obj("pod", "a", version="7"))       # one watch: the deletion
+    store.upsert(obj("pod", "a", version="6"))       # the other: the update before it
+    assert store.get("ns", "pod") is None and len(store) == 0
+    store.upsert(obj("pod", "a", version="9"))       # created again under the same name
+    assert store.get("ns", "pod")["metadata"]["resourceVersion"] == "9"
+
+
+def test_a_late_deletion_of_an_earlier_object_keeps_the_one_created_since():
+    store = Store(KIND, (None,))
+    store.upsert(obj("pod", "a", version="9"))
+    store.remove(obj("pod", "a", version="7"))
+    assert store.get("ns", "pod")["metadata"]["resourceVersion"] == "9"
+
+
+def test_what_a_relist_lacks_counts_as_deleted_at_the_lists_version():
+    store = Store(KIND, (None,))
+    store.replace(None, [obj("pod", "a", version="5")])
+    store.replace(None, [], version="8")
+    store.upsert(obj("pod", "a", version="6"))       # an event from before the list
+    assert store.get("ns", "pod") is None
+    store.upsert(obj("pod", "a", version="10"))
+    assert store.get("ns", "pod") is not None
