@@ -38,6 +38,8 @@ from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 
 NAMESPACE = "scale"
+RECONCILE = "longctx_reconcile_duration_seconds"
+QUEUED = "longctx_reconcile_queue_seconds"
 CREATORS = 4
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
@@ -121,15 +123,25 @@ def writes(metrics: dict[str, float]) -> float:
     return sum(v for k, v in metrics.items() if k.startswith("longctx_api_writes_total{"))
 
 
-def histogram_quantile(metrics: dict[str, float], q: float) -> float:
-    buckets = sorted((float(k.split('le="')[1].split('"')[0]) if 'le="+Inf"' not in k
-                      else float("inf"), v) for k, v in metrics.items()
-                     if k.startswith("longctx_reconcile_duration_seconds_bucket"))
-    total = buckets[-1][1]
-    for bound, count in buckets:
+def buckets(metrics: dict[str, float], histogram: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative (upper bound, count) pairs."""
+    return sorted((float(k.split('le="')[1].split('"')[0]) if 'le="+Inf"' not in k
+                   else float("inf"), v) for k, v in metrics.items()
+                  if k.startswith(f"{histogram}_bucket"))
+
+
+def histogram_quantile(metrics: dict[str, float], histogram: str, q: float) -> float:
+    cumulative = buckets(metrics, histogram)
+    total = cumulative[-1][1]
+    for bound, count in cumulative:
         if count >= q * total:
             return bound
     return float("inf")
+
+
+def share_within(metrics: dict[str, float], histogram: str, bound: float) -> float:
+    cumulative = buckets(metrics, histogram)
+    return next(c for b, c in cumulative if b >= bound) / max(cumulative[-1][1], 1)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -218,8 +230,14 @@ def main() -> int:
              f"{latencies[int(0.99 * (len(latencies) - 1))]:.1f} s" if latencies else "-",
              f"{len(latencies)} of {args.crs} Ready"),
             ("reconcile duration p50 / p99 (histogram bucket bound)",
-             f"<= {histogram_quantile(steady, 0.5)} s / <= {histogram_quantile(steady, 0.99)} s",
-             f"{steady.get('longctx_reconcile_duration_seconds_count', 0):.0f} reconciles"),
+             f"<= {histogram_quantile(steady, RECONCILE, 0.5)} s / "
+             f"<= {histogram_quantile(steady, RECONCILE, 0.99)} s",
+             f"{steady.get(f'{RECONCILE}_count', 0):.0f} reconciles, "
+             f"{100 * share_within(steady, RECONCILE, 1.0):.1f}% within 1 s"),
+            ("wait in the work queue p50 / p99 (histogram bucket bound)",
+             f"<= {histogram_quantile(steady, QUEUED, 0.5)} s / "
+             f"<= {histogram_quantile(steady, QUEUED, 0.99)} s",
+             "from the event to the reconcile's start"),
             ("API writes per CR at creation", f"{writes(at_creation) / args.crs:.1f}",
              f"{per_cr} children + status"),
             (f"API writes per CR in {args.steady_seconds} s of steady state",

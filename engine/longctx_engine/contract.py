@@ -214,6 +214,10 @@ class Kind:
     status_patch: bool = False   # the operator writes its status subresource
     cluster_scoped: bool = False
     only_with_label: str | None = None   # watched only when it carries this label
+    # A reconcile applies its children in waves, each wave's objects at once: workloads
+    # after what their pods refer to (a pod whose ServiceAccount does not exist yet is
+    # refused), autoscalers after the workloads they scale.
+    wave: int = 0
 
     @property
     def watch_labels(self) -> dict[str, str | None]:
@@ -263,10 +267,10 @@ class Kind:
 KINDS = (
     Kind("v1", "ConfigMap", "configmaps", managed=True, watched=True),
     Kind("v1", "Service", "services", managed=True, watched=True),
-    Kind("apps/v1", "StatefulSet", "statefulsets", managed=True, watched=True),
+    Kind("apps/v1", "StatefulSet", "statefulsets", managed=True, watched=True, wave=1),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", managed=True, watched=True),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", managed=True, watched=True),
-    Kind("apps/v1", "Deployment", "deployments", managed=True, watched=True),
+    Kind("apps/v1", "Deployment", "deployments", managed=True, watched=True, wave=1),
     Kind("v1", "ServiceAccount", "serviceaccounts", managed=True, watched=True),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles", managed=True, watched=True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", managed=True,
@@ -280,9 +284,9 @@ KINDS = (
     Kind("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", managed=True,
          crd="prometheusrules.monitoring.coreos.com"),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", managed=True,
-         watched=True),
+         watched=True, wave=2),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", managed=True,
-         crd="scaledobjects.keda.sh"),
+         crd="scaledobjects.keda.sh", wave=2),
     # Pods are never created or deleted by the operator; a pod leaving on scale-down gets
     # its serving label turned off (a metadata patch) so that the pool stops selecting it.
     # Only engine pods (they carry the llm-d role): the picker's are read via its Deployment.

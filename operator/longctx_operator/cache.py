@@ -8,6 +8,10 @@ expired watch (HTTP 410) or any error. A kind whose CRD is optional is listed on
 CRD is established. Until its first list is in, a kind is not `synced` and readers fall
 back to the API. Objects are stored without `metadata.managedFields`, which the reconcile
 never reads and which is most of their size, and are indexed by the CR they belong to.
+
+The children's reflectors are also the operator's only watch of them: each change they
+store asks for a reconcile of the CR (main.py), so an event and the cache it is read from
+can never disagree.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ class _Entry:
 
     def newer_than(self, current: "_Entry | None") -> bool:
         return current is None or _not_older(self.version, current.version)
+
+
+def _stub(key: Key, entry: _Entry) -> dict[str, Any]:
+    return {"metadata": {"namespace": key[0], "name": key[1], "labels": entry.labels,
+                         "resourceVersion": entry.version}}
 
 
 def _not_older(new: str, old: str) -> bool:
@@ -115,43 +124,57 @@ class Store:
             int(entry.version) <= int(version)
 
     def replace(self, scope: str | None, items: Iterable[dict[str, Any]],
-                version: str = "") -> None:
-        """A list's items, at the list's resourceVersion: what it lacks was deleted by then."""
+                version: str = "") -> list[dict[str, Any]]:
+        """A list's items, at the list's resourceVersion: what it lacks was deleted by then.
+        Returns every object added, changed or removed since the store last held this scope,
+        as its metadata only."""
         fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _Entry.of(o)
                  for o in items}
         with self._lock:
-            for key in [k for k in self._objects if scope is None or k[0] == scope]:
+            before = {k: e for k, e in self._objects.items() if scope is None or k[0] == scope}
+            changed = [_stub(k, e) for k, e in fresh.items()
+                       if k not in before or before[k].version != e.version]
+            for key, old in before.items():
                 if key not in fresh:
                     self._bury(key, version)
+                    changed.append(_stub(key, old))
                 self._drop(key)
             for key, entry in fresh.items():
                 self._put(key, entry)
             self._unlisted.discard(scope)
             if not self._unlisted:
                 self.synced.set()
+        return changed
 
-    def upsert(self, obj: dict[str, Any]) -> None:
+    def upsert(self, obj: dict[str, Any]) -> bool:
+        """Stores the object unless the store has it at this version or newer (or it was
+        deleted since); True when it stored it."""
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
             current = self._objects.get(key)
         if current is not None and current.version == meta.get("resourceVersion"):
-            return   # the same version, from the other watch
+            return False   # the same version: this operator's own write, or the other watch
         entry = _Entry.of(obj)
         with self._lock:
-            if entry.newer_than(self._objects.get(key)) and not self._buried(key, entry):
-                self._tombstones.pop(key, None)
-                self._put(key, entry)
+            if not entry.newer_than(self._objects.get(key)) or self._buried(key, entry):
+                return False
+            self._tombstones.pop(key, None)
+            self._put(key, entry)
+            return True
 
-    def remove(self, obj: dict[str, Any]) -> None:
+    def remove(self, obj: dict[str, Any]) -> bool:
+        """Forgets the object unless the store holds a newer one; True when it held it."""
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
             current = self._objects.get(key)
             version = meta.get("resourceVersion", "")
-            if current is None or _not_older(version, current.version):
-                self._drop(key)
-                self._bury(key, version)
+            if current is not None and not _not_older(version, current.version):
+                return False
+            self._drop(key)
+            self._bury(key, version)
+            return current is not None
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -172,16 +195,23 @@ class Store:
             return len(self._objects)
 
 
+Changed = Callable[[str, dict[str, Any]], None]   # (kind, the object or its metadata)
+
+
 class Reflector(threading.Thread):
-    """Keeps one Store in step with the API server (daemon thread)."""
+    """Keeps one Store in step with the API server (daemon thread), and tells `changed` of
+    every object that the store now holds at a new version or no longer holds: from the
+    watch, and from a relist after the first (what changed while no watch ran)."""
 
     def __init__(self, kube: Kube, store: Store, namespace: str | None, selector: str,
-                 ready: Callable[[], bool | None] = lambda: True):
+                 ready: Callable[[], bool | None] = lambda: True, changed: Changed | None = None):
         super().__init__(daemon=True, name=f"reflector-{store.kind.plural}")
         self.kube, self.store, self.namespace = kube, store, namespace
         self.stopping = threading.Event()
         self.selector = selector
         self.ready = ready   # whether the kind can be listed yet (its CRD is established)
+        self.changed = changed
+        self._listed = False
 
     def run(self) -> None:
         backoff = 0.5
@@ -208,8 +238,16 @@ class Reflector(threading.Thread):
     def _list(self) -> str:
         body = self.kube.list_raw(self.store.kind, self.namespace, self.selector)
         version = body["metadata"]["resourceVersion"]
-        self.store.replace(self.namespace, body.get("items") or [], version)
+        changed = self.store.replace(self.namespace, body.get("items") or [], version)
+        if self._listed:   # the first list is the starting state, not a change
+            for stub in changed:
+                self._tell(stub)
+        self._listed = True
         return version
+
+    def _tell(self, obj: dict[str, Any]) -> None:
+        if self.changed is not None:
+            self.changed(self.store.kind.kind, obj)
 
     def _watch(self, version: str) -> str | None:
         """Applies events until the watch ends; returns the version to resume from, or None
@@ -232,17 +270,18 @@ class Reflector(threading.Thread):
                         return None
                     raise ValueError(f"watch error: {obj.get('message')}")
                 version = obj.get("metadata", {}).get("resourceVersion", version)
-                if kind in ("ADDED", "MODIFIED"):
-                    self.store.upsert(obj)
-                elif kind == "DELETED":
-                    self.store.remove(obj)
+                if kind in ("ADDED", "MODIFIED") and self.store.upsert(obj) or \
+                        kind == "DELETED" and self.store.remove(obj):
+                    self._tell(obj)
         return version
 
 
 class Caches:
     """A Store and a Reflector for every cached kind, and one for the CRDs."""
 
-    def __init__(self, kube: Kube, namespaces: tuple[str, ...] = ()):
+    def __init__(self, kube: Kube, namespaces: tuple[str, ...] = (),
+                 changed: Changed | None = None):
+        """`changed` hears of every change to an object of a watched kind (contract.Kind)."""
         scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
         # The CRDs the optional kinds need: asked for by every reconcile, so kept here.
         crd = contract.KIND_BY_NAME["CustomResourceDefinition"]
@@ -252,7 +291,8 @@ class Caches:
         for k in contract.CACHED_KINDS:
             ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
             self._reflectors += [Reflector(kube, self.stores[k.kind], ns, k.label_selector,
-                                           ready=ready) for ns in scopes]
+                                           ready=ready, changed=changed if k.watched else None)
+                                 for ns in scopes]
 
     def start(self) -> None:
         for r in self._reflectors:

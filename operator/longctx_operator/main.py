@@ -1,6 +1,6 @@
-"""Kopf handlers: thin. Every event of a LongContextDeployment or of one of its children
-asks for one level-based reconcile of that CR; bursts of events are coalesced. A child's
-event is put into the watch cache (cache.py) before the reconcile reads it.
+"""Kopf handlers: thin. Every event of a LongContextDeployment (from Kopf) or of one of its
+children (from the children's watch caches, cache.py) asks for one level-based reconcile of
+that CR; bursts of events are coalesced.
 
 No handler stores progress or adds finalizers: children are garbage-collected through
 their ownerReferences, and the status is recomputed from the children each time.
@@ -45,19 +45,21 @@ class WorkQueue:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
-        self._again: dict[Key, tuple[contextvars.Context, Callable[[], None]]] = {}
+        # Runs asked for during a run: the first request's context and time.
+        self._again: dict[Key, tuple[contextvars.Context, Callable[[], None], float]] = {}
 
     def request(self, key: Key, fn: Callable[[], None]) -> None:
         with self._lock:
             if key in self._queued:
                 return
             if key in self._running:
-                self._again[key] = (contextvars.copy_context(), fn)
+                self._again.setdefault(key, (contextvars.copy_context(), fn, time.monotonic()))
                 return
             self._queued.add(key)
-        self._pool.submit(contextvars.copy_context().run, self._work, key, fn)
+        self._pool.submit(contextvars.copy_context().run, self._work, key, fn, time.monotonic())
 
-    def _work(self, key: Key, fn: Callable[[], None]) -> None:
+    def _work(self, key: Key, fn: Callable[[], None], requested: float) -> None:
+        metrics.RECONCILE_QUEUE_SECONDS.observe(time.monotonic() - requested)
         with self._lock:
             self._queued.discard(key)
             self._running.add(key)
@@ -72,8 +74,8 @@ class WorkQueue:
                 if again is not None:
                     self._queued.add(key)
             if again is not None:
-                context, rerun = again
-                self._pool.submit(context.run, self._work, key, rerun)
+                context, rerun, requested = again
+                self._pool.submit(context.run, self._work, key, rerun, requested)
 
     def idle(self) -> bool:
         with self._lock:
@@ -156,6 +158,10 @@ class Wakeups:
 
 class State:
     kube: Kube | None = None
+    # The context of Kopf's event processing, which kopf.event() posts through (the startup
+    # handler's lacks it): taken from the first CR event. A child change before that one
+    # needs no reconcile of its own, since every CR's first event comes later.
+    kopf_context: contextvars.Context | None = None
     queue: WorkQueue | None = None
     retries = Retries()
     wakeups = Wakeups()
@@ -196,13 +202,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = int(os.environ.get("LONGCTX_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.networking.request_timeout = 60
-    State.queue = WorkQueue(int(os.environ.get("LONGCTX_WORKERS", "8")))
+    State.queue = WorkQueue(int(os.environ.get("LONGCTX_WORKERS", "2")))
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     # How long a killed leader's peering record blocks the next replica (Kopf: 60 s).
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     State.kube = Kube.from_environment()
+    State.kopf_context = None   # a restarted operator loop has a new one
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
-    State.kube.caches = Caches(State.kube, namespaces)
+    State.kube.caches = Caches(State.kube, namespaces, changed=_child_changed)
     State.kube.caches.start()
     if not State.kube.caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
@@ -269,9 +276,9 @@ def _export_phases() -> None:
 
 
 def _cache_event(type: str | None, body: kopf.Body) -> bool:
-    """Puts an event's object into its watch cache, before the reconcile it asks for reads
-    it (the cache's own watch may lag Kopf's); False when the event only echoes this
-    operator's last write of the object, which tells a reconcile nothing new."""
+    """Puts the CR from Kopf's event into the CR cache, before the reconcile it asks for
+    reads it (the cache's own watch may lag Kopf's); False when the event only echoes this
+    operator's last write, which tells a reconcile nothing new."""
     kube = State.kube
     if kube is None:
         return True
@@ -287,11 +294,13 @@ def _cache_event(type: str | None, body: kopf.Body) -> bool:
     return not kube.own_write(kind, obj)
 
 
-# Event handlers are coroutines: they only update a cache and queue a reconcile, which runs
-# on the work queue's threads; a sync handler would cost a hop through Kopf's executor.
+# A coroutine: it only updates the cache and queues a reconcile, which runs on the work
+# queue's threads; a sync handler would cost a hop through Kopf's executor.
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
 async def deployment_event(type: str, body: kopf.Body, namespace: str, name: str,
                      logger: logging.Logger, **_: Any) -> None:
+    if State.kopf_context is None:
+        State.kopf_context = contextvars.copy_context()
     news = _cache_event(type, body)
     if type == "DELETED":
         State.phases.pop((namespace, name), None)
@@ -302,14 +311,13 @@ async def deployment_event(type: str, body: kopf.Body, namespace: str, name: str
         reconcile_named(namespace, name, logger)
 
 
-async def _child_event(type: str, body: kopf.Body, namespace: str, labels: dict[str, str],
-                 logger: logging.Logger, **_: Any) -> None:
-    cr_name = labels.get(contract.INSTANCE_LABEL)
-    if _cache_event(type, body) and cr_name:
-        reconcile_named(namespace, cr_name, logger)
-
-
-for _kind in contract.WATCHED_KINDS:
-    kopf.on.event(_kind.group, _kind.version, _kind.plural, id=f"child-{_kind.plural}",
-                  labels={k: kopf.PRESENT if v is None else v
-                          for k, v in _kind.watch_labels.items()})(_child_event)
+def _child_changed(kind: str, obj: dict[str, Any]) -> None:
+    """A watch cache stored a change to a child (on the cache's thread): reconcile its CR,
+    unless the change is this operator's own last write."""
+    kube, context = State.kube, State.kopf_context
+    meta = obj["metadata"]
+    cr_name = (meta.get("labels") or {}).get(contract.INSTANCE_LABEL)
+    if kube is None or context is None or not cr_name or kube.own_write(kind, obj):
+        return
+    # In Kopf's context, which the reconcile's Events are posted through.
+    context.copy().run(reconcile_named, meta["namespace"], cr_name, log)

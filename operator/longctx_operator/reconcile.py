@@ -302,13 +302,13 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
     new_generation = previous.get("observedGeneration") != meta.get("generation")
     _drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions, desired, outcome)
     written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects
+    waves: dict[int, list[dict[str, Any]]] = {}
     for obj in desired:
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
         if live is not None and matches(obj, live):
             continue
-        kube.apply(obj)
+        waves.setdefault(contract.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
         label = f"{obj['kind']}/{obj['metadata']['name']}"
-        outcome.applied.append(label)
         if live is None:
             why = ("Created", "created") if new_generation else ("Recreated",
                                                                   "recreated (deleted)")
@@ -316,6 +316,9 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
             why = ("RollingOut", "updated to the new spec") if new_generation else (
                 "Repaired", "restored (a managed field had drifted)")
         written.setdefault(why, []).append(label)
+    for wave in sorted(waves):
+        kube.apply_all(waves[wave])
+        outcome.applied += [f"{o['kind']}/{o['metadata']['name']}" for o in waves[wave]]
     # One Event per reason, not per object: a new CR's 14 children make one Created event.
     outcome.events += [("Normal", reason, f"{', '.join(labels)} {verb}")
                        for (reason, verb), labels in written.items()]

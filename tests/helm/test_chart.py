@@ -279,7 +279,7 @@ def test_rbac_covers_what_the_operator_code_uses(render):
         group = api_version.rpartition("/")[0]
         for verb in ("get", "list", "create", "patch", "delete"):  # apply, drift, clean-up
             assert (group, PLURALS[kind], verb) in granted, (kind, verb)
-    for group, _version, plural in CHILD_RESOURCES:  # Kopf's watches
+    for group, _version, plural in CHILD_RESOURCES:  # the watch caches
         for verb in ("list", "watch"):
             assert (group, plural, verb) in granted, (plural, verb)
     for group, plural, verbs in facts["cluster_reads"]:   # CRDs, Nodes

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
+
 from longctx_engine import contract
-from longctx_operator.cache import Store
+from longctx_operator.cache import Reflector, Store
 
 KIND = contract.KIND_BY_NAME["StatefulSet"]
 
@@ -88,3 +92,62 @@ def test_what_a_relist_lacks_counts_as_deleted_at_the_lists_version():
     assert store.get("ns", "pod") is None
     store.upsert(obj("pod", "a", version="10"))
     assert store.get("ns", "pod") is not None
+
+
+def test_a_relist_returns_what_was_added_changed_or_removed():
+    store = Store(KIND, (None,))
+    store.replace(None, [obj("same", "a", version="1"), obj("moved", "a", version="1"),
+                         obj("gone", "b", version="1")])
+    changed = store.replace(None, [obj("same", "a", version="1"), obj("moved", "a", version="4"),
+                                   obj("new", "c", version="5")], version="6")
+    assert {c["metadata"]["name"]: c["metadata"]["labels"][contract.INSTANCE_LABEL]
+            for c in changed} == {"moved": "a", "new": "c", "gone": "b"}
+
+
+def test_upsert_and_remove_say_whether_the_store_changed():
+    store = Store(KIND, (None,))
+    assert store.upsert(obj("x", "a", version="2"))
+    assert not store.upsert(obj("x", "a", version="2"))    # the operator's own write, echoed
+    assert not store.upsert(obj("x", "a", version="1"))
+    assert not store.remove(obj("x", "a", version="1"))    # an older object's deletion
+    assert store.remove(obj("x", "a", version="3"))
+    assert not store.remove(obj("x", "a", version="4"))    # already gone
+
+
+class ScriptedKube:
+    """Lists and watch streams from a script: each list returns the next body, each watch
+    yields the next list of events and ends (the reflector then resumes or relists)."""
+
+    def __init__(self, lists: list[list[dict]], watches: list[list[dict]]):
+        self.lists, self.watches = lists, watches
+        self.over = threading.Event()   # set when the script is played: the reflector stops
+
+    def list_raw(self, kind, namespace, selector):
+        items = self.lists.pop(0)
+        return {"metadata": {"resourceVersion": "10"}, "items": items}
+
+    @contextlib.contextmanager
+    def stream(self, path, query, timeout, accept="application/json"):
+        if not self.watches:
+            self.over.set()
+            raise OSError("the script is over")
+        yield [json.dumps(e).encode() for e in self.watches.pop(0)]
+
+
+def test_a_reflector_tells_of_watch_changes_and_of_what_a_later_relist_finds():
+    kube = ScriptedKube(
+        lists=[[obj("a-sts", "a", version="5")],                      # the starting state
+               [obj("b-sts", "b", version="9")]],                         # after the 410
+        watches=[[{"type": "MODIFIED", "object": obj("a-sts", "a", version="6")},
+                  {"type": "MODIFIED", "object": obj("a-sts", "a", version="6")},  # again
+                  {"type": "DELETED", "object": obj("a-sts", "a", version="7")},
+                  {"type": "ERROR", "object": {"code": 410}}]])          # expired: relist
+    heard: list[tuple[str, str]] = []
+    store = Store(KIND, (None,))
+    reflector = Reflector(kube, store, None, "", changed=lambda kind, o: heard.append(
+        (o["metadata"]["name"], o["metadata"]["resourceVersion"])))
+    reflector.stopping = kube.over
+    reflector.start()
+    reflector.join(timeout=5)
+    assert heard == [("a-sts", "6"), ("a-sts", "7"), ("b-sts", "9")]
+    assert store.get("ns", "a-sts") is None and store.get("ns", "b-sts") is not None
