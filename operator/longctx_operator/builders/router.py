@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from longctx_engine import api, contract
+from longctx_engine.engine_config import config_yaml
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -119,7 +118,7 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
 
 def picker_config_text(spec: api.LongContextDeploymentSpec) -> str:
     """The config file content, byte-for-byte stable for one spec (its hash restarts the picker)."""
-    return yaml.safe_dump(picker_config(spec), sort_keys=False, default_flow_style=False)
+    return config_yaml(picker_config(spec))
 
 
 # ---------------------------------------------------------------- objects
