@@ -216,7 +216,8 @@ class Kind:
     only_with_label: str | None = None   # watched only when it carries this label
     # A reconcile applies its children in waves, each wave's objects at once: workloads
     # after what their pods refer to (a pod whose ServiceAccount does not exist yet is
-    # refused), autoscalers after the workloads they scale.
+    # refused), a RoleBinding after its Role (the API server reads the Role to check that
+    # the operator may grant it).
     wave: int = 0
 
     @property
@@ -274,7 +275,7 @@ KINDS = (
     Kind("v1", "ServiceAccount", "serviceaccounts", managed=True, watched=True),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles", managed=True, watched=True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", managed=True,
-         watched=True),
+         watched=True, wave=1),
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools", managed=True,
          watched=True),
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", managed=True,
@@ -284,9 +285,9 @@ KINDS = (
     Kind("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", managed=True,
          crd="prometheusrules.monitoring.coreos.com"),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", managed=True,
-         watched=True, wave=2),
+         watched=True),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", managed=True,
-         crd="scaledobjects.keda.sh", wave=2),
+         crd="scaledobjects.keda.sh"),
     # Pods are never created or deleted by the operator; a pod leaving on scale-down gets
     # its serving label turned off (a metadata patch) so that the pool stops selecting it.
     # Only engine pods (they carry the llm-d role): the picker's are read via its Deployment.

@@ -1,12 +1,15 @@
-"""The reconcile's P/D pairing check, which can fail: it pairs plans of two specs."""
+"""The reconcile's P/D pairing check, which can fail (it pairs plans of two specs), and the
+order it writes children in."""
 
 from __future__ import annotations
 
 import pytest
 
+from longctx_engine import contract
 from longctx_engine.compat import pairing_key
 from longctx_engine.roles import serving_plan
 from longctx_engine.rules import RecipeError
+from longctx_operator.desired import desired_objects
 from longctx_operator.reconcile import check_pair
 from tests.contract.variants import spec_with
 
@@ -44,3 +47,34 @@ def test_every_handshake_factor_changes_the_revision(edit):
 def test_an_edit_outside_the_handshake_keeps_the_revision():
     edit = _set_engine(extraArgs={"decode": ["--max-num-seqs", "32"]})
     assert pairing_key(spec_with(edit)) == pairing_key(spec_with())
+
+
+def _references(obj: dict) -> list[tuple[str, str]]:
+    """The (kind, name) of the children an object names: what its pods mount and run as,
+    and a RoleBinding's Role and subjects."""
+    refs = []
+    pod = obj.get("spec", {}).get("template", {}).get("spec")
+    if pod is not None:
+        if pod.get("serviceAccountName"):
+            refs.append(("ServiceAccount", pod["serviceAccountName"]))
+        refs += [("ConfigMap", v["configMap"]["name"]) for v in pod.get("volumes", [])
+                 if "configMap" in v]
+    if obj["kind"] == "RoleBinding":
+        refs.append((obj["roleRef"]["kind"], obj["roleRef"]["name"]))
+        refs += [(s["kind"], s["name"]) for s in obj["subjects"]]
+    return refs
+
+
+def test_every_child_is_written_in_a_wave_after_the_children_it_names():
+    cr = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+          "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
+    objects = desired_objects(cr, serving_plan(spec_with()), with_pod_monitor=True)
+    wave = {(o["kind"], o["metadata"]["name"]): contract.KIND_BY_NAME[o["kind"]].wave
+            for o in objects}
+    checked = 0
+    for obj in objects:
+        for ref in _references(obj):
+            assert ref in wave, f"{obj['kind']}/{obj['metadata']['name']} names {ref}"
+            assert wave[ref] < wave[obj["kind"], obj["metadata"]["name"]], (obj["kind"], ref)
+            checked += 1
+    assert checked >= 5   # the engine config, the picker's config and account, the binding
