@@ -41,6 +41,7 @@ NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+QUEUE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 # The seed's figures where it gives them (29.6 tok/s per user at c64; median TTFT 0.8-0.9 s),
 # smooth guesses in between.
@@ -276,6 +277,9 @@ def operator_families() -> list[Family]:
         Family("longctx_reconcile_duration_seconds", "histogram", [
             (base, lambda t: (0.2 if rollout(t) else 0.02, 0.12 if rollout(t) else 0.04))],
             RECONCILE_BUCKETS, 0.5),
+        Family("longctx_reconcile_queue_seconds", "histogram", [
+            (base, lambda t: (0.2 if rollout(t) else 0.02, 0.3 if rollout(t) else 0.01))],
+            QUEUE_BUCKETS, 0.5),
         Family("longctx_api_writes", "counter", [
             ({**base, "kind": k, "verb": v}, (lambda k, v: lambda t: (
                 0.01 if rollout(t) and v == "apply" and k in ("StatefulSet", "ConfigMap")
