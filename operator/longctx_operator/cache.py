@@ -80,11 +80,11 @@ class Store:
     namespaces, or each watched namespace), and by the CR they belong to (its instance
     label), which every reconcile's selector names. Reads return fresh copies.
 
-    Two watches feed a store (its reflector's and Kopf's), and either may deliver an
-    object's last update after the other delivered its deletion. A deleted object's
-    resourceVersion is kept as a tombstone, so that late update cannot bring it back (a
-    ghost pod would keep a Recreate rollout waiting for ever); an object created again under
-    the same name has a newer version and is stored."""
+    Besides its reflector, a store is fed by this operator's own writes and, for the CRs, by
+    Kopf's watch; one source may deliver an object's last update after another delivered
+    its deletion. A deleted object's resourceVersion is kept as a tombstone, so that late
+    update cannot bring it back (a ghost pod would keep a Recreate rollout waiting for
+    ever); an object created again under the same name has a newer version and is stored."""
 
     def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
         self.kind = kind
