@@ -100,13 +100,15 @@ struct MergeIn {
 };
 
 #if SPARSE_MLA_WGMMA
-// What the wgmma consumers share (consume_wgmma): wgmma's B operands, K-major in 128-byte-swizzled
-// rows (swizzled()), and the team's exchange of tile maxima and, at the end, sums.
+// What the wgmma consumers share (consume_wgmma): wgmma's B operands (q K-major in 128-byte-swizzled
+// rows, swizzled(); P MN-major in 32-byte-swizzled rows, p_offset()), and the team's exchange of tile
+// maxima and, at the end, sums.
 struct WgmmaShared {
   unsigned char q[9 * kHeads * 128];       // q as S's B: 9 blocks of 64 dims (8 latent fp16, 1 rope bf16) x heads
-  // P s_g / s_ref as P.V's B, one a latent group: 64 token rows of 128 B (MN-major, the 16 heads
-  // fp16 in a row's first 32 B before the swizzle), so a thread stores its two heads of a token in one word.
-  unsigned char p[kTeams][4][kTile * 128];
+  // P s_g / s_ref as P.V's B, one a latent group: 64 token rows of 32 B (MN-major, the 16 heads fp16),
+  // so a thread stores its two heads of a token in one word (rows of 128 B would be three quarters
+  // padding).
+  unsigned char p[kTeams][4][kTile * 32];
   float tile_max[kTeams][kWarps][kHeads];  // each warp's maximum of a tile's scores, per head
   float tile_ref[kTeams][kWarps];          // and of its tokens' group scales
   float l[kTeams][kWarps][kHeads];         // each warp's sum of exponentials, at the end
@@ -409,8 +411,18 @@ __device__ __forceinline__ unsigned long long operand(unsigned addr) {
   return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+// Byte offset of 16-B chunk `chunk` (heads 8 chunk .. + 7) of token row `row` in a P tile: 32-B rows,
+// the chunk index XOR the row's bit 2 (the 32-byte swizzle: address bit 4 ^= bit 7).
+__device__ __forceinline__ int p_offset(int row, int chunk) { return row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4); }
+
+// wgmma descriptor of an MN-major, 32-byte-swizzled operand of 16 16-bit columns at `addr`: 8-row
+// groups of K 256 B apart.
+__device__ __forceinline__ unsigned long long operand_mn32(unsigned addr) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (16ull << 32) | (3ull << 62);
+}
+
 // D[64 x 16] (+)= A[64 x 16] B[16 x 16]: A in registers, B in shared memory, K-major (or, fp16 only,
-// MN-major: 16-row groups of K 2048 B apart, 8-row groups 1024 B apart); fp16 or bf16.
+// MN-major: operand_mn32); fp16 or bf16.
 template <bool kBf16, bool kMnMajorB = false>
 __device__ __forceinline__ void wgmma_n16(float (&d)[8], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                           unsigned long long b, int accumulate) {
@@ -494,7 +506,7 @@ __device__ __forceinline__ void team_sync(int team) {
 __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team, int j, int lane, int split,
                                               float qk_scale_log2) {
   const int g = lane >> 2, t = lane & 3;
-  const unsigned long long q_desc = operand(smem_addr(sh.wg.q)), p_desc = operand(smem_addr(sh.wg.p[team][0]));
+  const unsigned long long q_desc = operand(smem_addr(sh.wg.q)), p_desc = operand_mn32(smem_addr(sh.wg.p[team][0]));
   float o[4][2][8];  // group p, slab h
 #pragma unroll
   for (int p = 0; p < 4; ++p)
@@ -614,8 +626,8 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
       const int r = 4 * (hi >> 1) + (hi & 1);
       l_run[hi] = l_run[hi] * alpha[hi] + pr[r] + pr[r + 2];
     }
-    // P s_g / s_ref into group g's tile, token rows: heads 8hb + 2t, +1 of token 16j + g (+8) are
-    // one word of 16-B chunk hb, swizzled by the token's low 3 bits (g).
+    // P s_g / s_ref into group p's tile, token rows: heads 8hb + 2t, +1 of token 16j + g (+8) are
+    // one word of 16-B chunk hb (the warp's 32 words in distinct banks).
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const unsigned tile = smem_addr(sh.wg.p[team][p]);
@@ -625,7 +637,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
       for (int r = 0; r < 8; r += 2) {
         const int hb = r >> 2, row = (r & 2) ? 1 : 0;
         const float f = row ? f1 : f0;
-        store_shared_u32(tile + swizzled(kTile, 16 * j + g + 8 * row, hb) + 4 * t, pack_f16x2(pr[r] * f, pr[r + 1] * f));
+        store_shared_u32(tile + p_offset(16 * j + g + 8 * row, hb) + 4 * t, pack_f16x2(pr[r] * f, pr[r + 1] * f));
       }
     }
     fence_async_shared();  // read next by wgmma
@@ -663,7 +675,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
       for (int c = 0; c < 4; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h) wgmma_n16<false, true>(o[p][h], a[c][h][0], a[c][h][1], a[c][h][2], a[c][h][3],
-                                                           p_desc + ((p * kTile * 128 + 2048 * c) >> 4), 1);
+                                                           p_desc + ((p * kTile * 32 + 512 * c) >> 4), 1);
       wgmma_commit();
     }
     __syncwarp();  // every lane's reads of the stage are done
