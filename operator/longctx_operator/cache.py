@@ -36,14 +36,15 @@ WATCH_SECONDS = 240
 TOMBSTONES = 10_000   # deletions remembered per kind, far more than one watch lags another
 
 
-def _compact(obj: dict[str, Any]) -> str:
-    """The stored form of an object: compact JSON without `metadata.managedFields` (a
-    fifth of the memory of the parsed object; a reconcile decodes the few it reads).
-    The object passed in is not modified."""
+def _compact(obj: dict[str, Any], kind: str) -> str:
+    """The stored form of an object of `kind`: compact JSON without
+    `metadata.managedFields` (a fifth of the memory of the parsed object; a reconcile
+    decodes the few it reads). The object passed in is not modified. The kind is the
+    store's: a list's items carry none."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    if obj.get("kind") == "CustomResourceDefinition":   # only whether it is established
+    if kind == "CustomResourceDefinition":   # only whether it is established, not its schema
         meta = {"name": meta["name"], "resourceVersion": meta.get("resourceVersion", "")}
-        obj = {"kind": obj["kind"], "status": {"conditions": [
+        obj = {"kind": kind, "status": {"conditions": [
             {"type": c.get("type"), "status": c.get("status")}
             for c in (obj.get("status") or {}).get("conditions") or []]}}
     return json.dumps({**obj, "metadata": meta}, separators=(",", ":"))
@@ -56,10 +57,10 @@ class _Entry:
     text: str
 
     @classmethod
-    def of(cls, obj: dict[str, Any]) -> "_Entry":
+    def of(cls, obj: dict[str, Any], kind: str) -> "_Entry":
         meta = obj["metadata"]
         return cls(dict(meta.get("labels") or {}), meta.get("resourceVersion", ""),
-                   _compact(obj))
+                   _compact(obj, kind))
 
     def newer_than(self, current: "_Entry | None") -> bool:
         return current is None or _not_older(self.version, current.version)
@@ -128,8 +129,8 @@ class Store:
         """A list's items, at the list's resourceVersion: what it lacks was deleted by then.
         Returns every object added, changed or removed since the store last held this scope,
         as its metadata only."""
-        fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): _Entry.of(o)
-                 for o in items}
+        fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]):
+                 _Entry.of(o, self.kind.kind) for o in items}
         with self._lock:
             before = {k: e for k, e in self._objects.items() if scope is None or k[0] == scope}
             changed = [_stub(k, e) for k, e in fresh.items()
@@ -155,7 +156,7 @@ class Store:
             current = self._objects.get(key)
         if current is not None and current.version == meta.get("resourceVersion"):
             return False   # the same version: this operator's own write, or the other watch
-        entry = _Entry.of(obj)
+        entry = _Entry.of(obj, self.kind.kind)
         with self._lock:
             if not entry.newer_than(self._objects.get(key)) or self._buried(key, entry):
                 return False

@@ -37,6 +37,22 @@ def test_select_by_instance_uses_only_that_crs_objects_and_the_other_labels():
     assert store.get("ns", "a-prefill")["metadata"].get("managedFields") is None
 
 
+def test_a_listed_crd_is_kept_without_its_schema():
+    """A list's items carry no kind: the store's kind decides what is kept. Every reconcile
+    asks whether a CRD is established, so a CRD kept whole (its OpenAPI schema, hundreds
+    of kB for some) was decoded again and again."""
+    store = Store(contract.KIND_BY_NAME["CustomResourceDefinition"], (None,))
+    crd = {"metadata": {"name": "podmonitors.monitoring.coreos.com", "resourceVersion": "7"},
+           "spec": {"versions": [{"schema": {"openAPIV3Schema": {"description": "x" * 10_000}}}]},
+           "status": {"conditions": [{"type": "Established", "status": "True",
+                                      "message": "the initial names have been accepted"}]}}
+    store.replace(None, [crd])
+    kept = store.get("", "podmonitors.monitoring.coreos.com")
+    assert kept == {"kind": "CustomResourceDefinition", "metadata": {
+        "name": "podmonitors.monitoring.coreos.com", "resourceVersion": "7"},
+        "status": {"conditions": [{"type": "Established", "status": "True"}]}}
+
+
 def test_a_relabelled_object_moves_between_instances_and_a_removed_one_leaves():
     store = Store(KIND, (None,))
     store.replace(None, [obj("x", "a")])
