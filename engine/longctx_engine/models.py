@@ -68,9 +68,19 @@ class _Geometry:
     dense_layers: int
     mtp_layers: int
     vocab: int
-    index_layers: int
     index_heads: int
     index_head_dim: int
+    # Layers that reuse an earlier layer's top-k build no indexer and keep no indexer keys:
+    # vLLM 0.33 (model_executor/models/deepseek_v2.py) skips the indexer of main-model
+    # layer l when max(l - offset + 1, 0) % freq != 0 (config.json's index_topk_freq and
+    # index_skip_topk_offset); MTP layers always have one.
+    index_topk_freq: int = 1
+    index_skip_topk_offset: int = 2
+
+    @property
+    def index_layers(self) -> int:
+        return sum(max(layer - self.index_skip_topk_offset + 1, 0) % self.index_topk_freq == 0
+                   for layer in range(self.layers))
 
     def parameters(self) -> tuple[int, int, int]:
         """(routed-expert params, other linear params, embedding + LM head params)."""
@@ -106,14 +116,15 @@ _GLM_5_3 = _Geometry(hidden=6144, q_lora_rank=2048, heads=64, qk_nope_head_dim=1
                      dense_intermediate=12288, moe_intermediate=2048, routed_experts=256,
                      shared_experts=1, layers=78, dense_layers=3,
                      mtp_layers=PRESET_MTP_LAYERS["glm-5.3"], vocab=154880,
-                     index_layers=21, index_heads=32, index_head_dim=128)
+                     index_heads=32, index_head_dim=128, index_topk_freq=4,
+                     index_skip_topk_offset=3)
 
 _DEEPSEEK_V3_2 = _Geometry(hidden=7168, q_lora_rank=1536, heads=128, qk_nope_head_dim=128,
                            qk_rope_head_dim=64, v_head_dim=128, kv_lora_rank=512,
                            dense_intermediate=18432, moe_intermediate=2048, routed_experts=256,
                            shared_experts=1, layers=61, dense_layers=3,
                            mtp_layers=PRESET_MTP_LAYERS["deepseek-v3.2"], vocab=129280,
-                           index_layers=61, index_heads=64, index_head_dim=128)
+                           index_heads=64, index_head_dim=128)
 
 
 def _preset(g: _Geometry, top_k: int) -> Architecture:

@@ -42,7 +42,7 @@ def test_indexer_row_is_derived_from_the_architecture():
 
 def test_weight_derivation_reproduces_published_sizes():
     # GLM-5 (same geometry as GLM-5.3 but an indexer in every layer): 753.9B parameters.
-    glm5 = models._Geometry(**{**models._GLM_5_3.__dict__, "index_layers": 78})
+    glm5 = models._Geometry(**{**models._GLM_5_3.__dict__, "index_topk_freq": 1})
     assert sum(glm5.parameters()) == pytest.approx(753.9e9, rel=0.005)
     # DeepSeek-V3.2's FP8 checkpoint: about 642 GiB (685.4B parameters incl. MTP).
     total, _ = models._fp8_weight_bytes(models._DEEPSEEK_V3_2)
@@ -74,3 +74,16 @@ def test_resolve_architecture_unknown_preset_names_the_field():
     model = api.Model(name="m", preset="nope", source=api.ModelSource(pvc=api.PVCSource(claimName="c")))
     with pytest.raises(ValueError, match="spec.model.preset"):
         models.resolve_architecture(model)
+
+
+def test_indexer_layers_follow_vllms_skip_rule_and_the_checkpoints_indexer_types():
+    """GLM-5.3's config.json marks layers 0, 1, 2, 6, 10, ..., 74 "full" (their own top-k)
+    and the other 57 "shared"; vLLM builds an indexer, and keeps indexer keys, only for the
+    full ones. DeepSeek-V3.2 has an indexer on every layer."""
+    full = [0, 1, 2, *range(6, 78, 4)]
+    assert len(full) == 21
+    glm = models._GLM_5_3
+    assert [l for l in range(glm.layers) if max(l - glm.index_skip_topk_offset + 1, 0)
+            % glm.index_topk_freq == 0] == full
+    assert models.PRESETS["glm-5.3"].indexLayers == 21
+    assert models.PRESETS["deepseek-v3.2"].indexLayers == 61
