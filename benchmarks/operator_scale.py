@@ -44,7 +44,6 @@ NAMESPACE = "scale"
 RECONCILE = "longctx_reconcile_duration_seconds"
 QUEUED = "longctx_reconcile_queue_seconds"
 CREATORS = 4
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 class ReadyWatch:
@@ -58,20 +57,20 @@ class ReadyWatch:
         self.kube = Kube.from_environment()
         self.ready_at: dict[str, float] = {}
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, daemon=True).start()
 
     def stop(self) -> None:
         self._stopping.set()
 
     def _watch(self) -> None:
         try:
-            self._follow(contract.KIND_BY_NAME[contract.KIND])
+            self._follow()
         except (KubeError, urllib3.exceptions.HTTPError, OSError):
             if not self._stopping.is_set():   # the control plane stopping ends it otherwise
                 raise
 
-    def _follow(self, kind: contract.Kind) -> None:
+    def _follow(self) -> None:
+        kind = contract.KIND_BY_NAME[contract.KIND]
         version = self.kube.list_raw(kind, NAMESPACE, "")["metadata"]["resourceVersion"]
         while not self._stopping.is_set():
             query = [("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "60")]

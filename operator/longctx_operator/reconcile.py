@@ -77,6 +77,10 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
+def _label(obj: dict[str, Any]) -> str:
+    return "/".join(_key(obj))
+
+
 def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str) -> None:
     """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
     handshake. The two plans may come from different specs: an in-place roll of one role
@@ -308,7 +312,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         if live is not None and matches(obj, live):
             continue
         waves.setdefault(contract.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
-        label = f"{obj['kind']}/{obj['metadata']['name']}"
+        label = _label(obj)
         if live is None:
             why = ("Created", "created") if new_generation else ("Recreated",
                                                                   "recreated (deleted)")
@@ -318,7 +322,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         written.setdefault(why, []).append(label)
     for wave in sorted(waves):
         kube.apply_all(waves[wave])
-        outcome.applied += [f"{o['kind']}/{o['metadata']['name']}" for o in waves[wave]]
+        outcome.applied += [_label(o) for o in waves[wave]]
     # One Event per reason, not per object: a new CR's 14 children make one Created event.
     outcome.events += [("Normal", reason, f"{', '.join(labels)} {verb}")
                        for (reason, verb), labels in written.items()]
