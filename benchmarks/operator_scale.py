@@ -5,7 +5,8 @@ operator running as its own process, and prints: time until every child exists (
 children's creationTimestamps, read once at the end: a watch of every child kind would load
 the API server being measured),
 create-to-Ready latency p50/p99, reconcile duration p50/p99 (the operator's histogram),
-API writes per CR at creation and at steady state, and the operator's resident memory.
+API writes per CR at creation and at steady state, the operator's resident memory, each
+process's CPU, and the API server's busiest requests per CR (every client's, by resource and verb).
 
     PYTHONPATH=engine:operator:. python benchmarks/operator_scale.py [--crs 100]
 
@@ -44,6 +45,7 @@ NAMESPACE = "scale"
 RECONCILE = "longctx_reconcile_duration_seconds"
 QUEUED = "longctx_reconcile_queue_seconds"
 CREATORS = 4
+REQUEST_ROWS = 16  # the API server's busiest (resource, verb) pairs in the table
 
 
 class ReadyWatch:
@@ -146,6 +148,22 @@ def share_within(metrics: dict[str, float], histogram: str, bound: float) -> flo
     return next(c for b, c in cumulative if b >= bound) / max(cumulative[-1][1], 1)
 
 
+def api_requests(kube: Kube) -> dict[tuple[str, str], float]:
+    """The API server's request counter (apiserver_request_total), summed by (resource, verb)."""
+    with kube.stream("/metrics", [], 30, accept="text/plain") as response:
+        text = response.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
+        resource = labels["resource"].strip('"') + ("/" + labels["subresource"].strip('"')
+                                                    if labels["subresource"] != '""' else "")
+        key = (resource, labels["verb"].strip('"'))
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -202,6 +220,7 @@ def main() -> int:
                      **{n: p.pid for n, p in cp.processes.items()}}
         processes["this benchmark (CR creation, a watch)"] = os.getpid()
         cpu_before = {n: cpu_seconds(pid) for n, pid in processes.items()}
+        requests_before = api_requests(observer.kube)
         created_at, created_wall = time.monotonic(), time.time()
         create_all(crs)
         crs_at = time.monotonic()
@@ -213,6 +232,8 @@ def main() -> int:
         busy = time.monotonic() - created_at
         cpu = {n: cpu_seconds(pid) - cpu_before[n] for n, pid in processes.items()}
         at_creation = scrape(metrics_port)
+        requests = api_requests(observer.kube)
+        requests = {k: v - requests_before.get(k, 0.0) for k, v in requests.items()}
         expected = args.crs * per_cr
         found, last_child = children_created(observer.kube, {d["kind"] for d in children})
         time.sleep(args.steady_seconds)
@@ -247,6 +268,10 @@ def main() -> int:
         rows += [(f"CPU of {name} until all Ready", f"{used:.1f} s",
                   f"{100 * used / busy:.0f}% of one core")
                  for name, used in sorted(cpu.items(), key=lambda kv: -kv[1])]
+        busiest = sorted(((k, v) for k, v in requests.items() if v >= args.crs / 2), key=lambda kv: -kv[1])
+        rows += [(f"API requests per CR: {verb} {resource}", f"{count / args.crs:.2f}",
+                  "until all Ready, every client")
+                 for (resource, verb), count in busiest[:REQUEST_ROWS]]
         width = max(len(r[0]) for r in rows)
         print(f"\n{'metric':<{width}}  {'value':<28}  note")
         for name, value, note in rows:
