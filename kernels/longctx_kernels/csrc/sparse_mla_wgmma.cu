@@ -5,23 +5,27 @@
 // [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). With several slices of
 // the top-k list, each slice writes a partial [slice, B, H, 512] and lse for lse_merge.
 //
-// CTA = (slice of the top-k list, request, block of 64 heads), two warpgroups of 128 threads that
-// share every step (a third, producer warpgroup for the copies and the conversion, setmaxnreg
-// 88/208, was correct but 19% slower; docs/benchmarks.md):
-//   rows: each thread copies its 16-B chunks of the tile three tiles ahead by cp.async into a raw
-//     ring (a missing row is zero-filled, read from nowhere), and, while the tile's S products
-//     run, converts its chunks of the next tile into a bf16 tile in wgmma's 128-byte-swizzled
-//     K-major layout, 576 dims a token: the e4m3 latent *unscaled* (exact), the rope as is, the
-//     four group scales and a valid flag beside it. The same thread copies and converts a chunk,
-//     so its own cp.async wait is the only one needed;
-//   S = q k^T [64 heads x 32 tokens] by wgmma from shared memory (q staged once): warpgroup w
-//     takes latent groups 2 w and 2 w + 1 and half of the rope, one fp32 accumulator a group,
-//     scaled by that group's per-token scale in fp32 (scaled bf16 k would round the scores and
-//     miss the reference lse); the halves meet in shared memory and both warpgroups add them in
-//     the same order, so they hold the same S;
-//   the online softmax in registers; then O over the warpgroup's two latent groups (256 output
-//     columns, 128 fp32 registers a thread) += (P s_g) k8_g, P s_g as the register A operand and
-//     the same bf16 tile, read MN-major, as B.
+// CTA = (slice of the top-k list, request, block of 64 heads), two warpgroups that take the
+// slice's 32-token tiles in turn and hand each tile's softmax to the other (a seesaw): the
+// output O [64 heads x 512] is too large for one warpgroup's registers, so warpgroup w owns the
+// output columns of latent groups 2 w and 2 w + 1 (128 fp32 registers a thread) and adds every
+// tile to them, while the scores and softmax of a tile are computed once, by its owner:
+//   tile i's owner (i % 2): copies the rows of its next tile while it computes this one (latent
+//     and scales by cp.async into its raw tile, a warp a row; the bf16 rope into registers,
+//     stored into the bf16 tile with the conversion: there is no room to stage it in shared
+//     memory), converts the e4m3 latent *unscaled* (exact) into wgmma's 128-byte-swizzled
+//     K-major bf16 tile, computes
+//     S = q k^T [64 heads x 32 tokens] over all 576 dims by wgmma from shared memory, each
+//     latent group's partial scaled by its per-token scale in fp32 (scaled bf16 k would round
+//     the scores and miss the reference lse), then the softmax against the running max the
+//     previous tile's owner handed over, and hands over in turn the max and P s_g for the
+//     other's two groups (bf16, in the A operand's register layout, through shared memory);
+//   both: O_g += (P s_g) k8_g by wgmma, P s_g as the register A operand and the bf16 tile,
+//     read MN-major, as B.
+// So one warpgroup's softmax, conversion and copies run beside the other's MMAs. The running max
+// moves only when a tile's exceeds it by 2^8, so O is rarely rescaled (P <= 256 in bf16 and
+// fp32). Three bf16 tiles: the two in use and the one being converted; a tile's stage is free
+// once all eight warps have passed the waits of their MMAs on it (an mbarrier).
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
 namespace {
@@ -29,25 +33,28 @@ namespace {
 constexpr int kTile = 32;               // tokens a tile: S's N
 constexpr int kHeads = 64;              // heads a CTA: wgmma's M; heads past H are zero rows
 constexpr int kRowBytes = 656;
+constexpr int kRawRowBytes = 528;       // what a raw tile keeps of a row: the e4m3 latent and the 4 scales
 constexpr int kBlocks = 9;              // 64-dim blocks of a q or k row: 8 latent, 1 rope
-constexpr int kStages = 2;             // bf16 tiles: the one in use, the one being converted
-constexpr int kRawStages = 3;          // raw tiles in flight
+constexpr int kStages = 3;              // bf16 tiles: two in use, one being converted
 constexpr int kThreads = 256;
-constexpr int kChunks = kTile * kRowBytes / 16;               // 16-B chunks of a raw tile
-constexpr int kChunksPerThread = (kChunks + kThreads - 1) / kThreads;
-constexpr int kSRegs = kTile / 2;       // S accumulator registers a thread: 64 x kTile / 128
+constexpr int kGroupThreads = 128;
+constexpr int kSRegs = kTile / 2;
 constexpr int kQBytes = kBlocks * kHeads * 128;
 constexpr int kKBytes = kBlocks * kTile * 128;
+constexpr float kSlack = 8.f;           // the running max moves only past 2^8: P <= 256
 #define kInf __int_as_float(0x7f800000)
+constexpr float kNoMax = -1e30f;        // a finite start: a tile with no row gives p = 0
 
 struct Shared {
   unsigned char q[kQBytes];             // 1024-B aligned, as the swizzle needs
   unsigned char k[kStages][kKBytes];
-  unsigned char raw[kRawStages][kTile * kRowBytes];
+  unsigned char raw[2][kTile * kRawRowBytes];  // each warpgroup's next tile, latent and scales
+  uint4 hand_p[4][kGroupThreads];       // P s_g of a tile for the other warpgroup's groups, by thread
+  float2 hand_m[kGroupThreads];         // and the tile's running max of the thread's two rows
   float scale[kStages][4][kTile];
   int valid[kStages][kTile];
-  int raw_valid[kRawStages][kTile];
-  float half_scores[2][kSRegs][128];  // each warpgroup's half of S, in its accumulator layout
+  float2 l_end[kGroupThreads];          // warpgroup 1's sums, at the end
+  unsigned long long empty[kStages];    // mbarriers: every warp is done with the stage's tile
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -127,63 +134,63 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// Thread t's chunks of a tile: t, t + 256, ... of the tile's 32 x 41 chunks (row = chunk / 41):
-// a warp's 32 consecutive chunks are 512 contiguous bytes of one or two rows.
-__device__ __forceinline__ void tile_slots(int (&slots)[kChunksPerThread], const int* __restrict__ topk, int first,
-                                           int k_end, int tid) {
+
+// 16 B global -> the raw tile, a warp a row at a time (512 contiguous bytes an instruction): warp w
+// of the warpgroup copies rows 8 w .. 8 w + 7, lane l chunk l (lane 0 the scales too); the row's
+// slot comes from the thread that converts it (thread 4 r holds row r's).
+__device__ __forceinline__ void copy_raw(unsigned char* raw, const unsigned char* __restrict__ cache, int slot, int t) {
+  const int warp = t >> 5, lane = t & 31;
 #pragma unroll
-  for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kThreads, kk = first + chunk / 41;
-    slots[n] = chunk < kChunks && kk < k_end ? topk[kk] : -1;
+  for (int j = 0; j < 8; ++j) {
+    const int r = 8 * warp + j;
+    const int s = __shfl_sync(0xffffffffu, slot, 4 * j);  // thread 4 r of this warp: row 8 warp + j
+    const unsigned char* src = cache + static_cast<long long>(s < 0 ? 0 : s) * kRowBytes;
+    copy_async(smem_addr(raw + r * kRawRowBytes + 16 * lane), src + 16 * lane, s < 0 ? 0 : 16);
+    if (lane == 0) copy_async(smem_addr(raw + r * kRawRowBytes + 16 * 32), src + 16 * 32, s < 0 ? 0 : 16);
   }
 }
 
-__device__ __forceinline__ void copy_tile(Shared& sh, const unsigned char* __restrict__ cache,
-                                          const int (&slots)[kChunksPerThread], int stage, int tid) {
+// The row's 64 bf16 rope dims (8 chunks, this thread's two): read into registers a tile ahead,
+// stored into the bf16 tile once its stage is free (there is no room to stage them in shared memory).
+struct Rope {
+  uint4 chunk[2];
+};
+__device__ __forceinline__ Rope load_rope(const unsigned char* __restrict__ cache, int slot, int part0) {
+  Rope r;
+  const uint4* src = reinterpret_cast<const uint4*>(cache + static_cast<long long>(slot < 0 ? 0 : slot) * kRowBytes + kRawRowBytes);
 #pragma unroll
-  for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kThreads;
-    if (chunk < kChunks) {
-      const int row = chunk / 41, part = chunk % 41;
-      const int slot = slots[n];
-      const unsigned char* src = cache + static_cast<long long>(slot < 0 ? 0 : slot) * kRowBytes + 16 * part;
-      copy_async(smem_addr(sh.raw[stage] + chunk * 16), src, slot < 0 ? 0 : 16);
-      if (part == 32) sh.raw_valid[stage][row] = slot >= 0;
-    }
-  }
-  copy_commit();  // every thread commits a group a tile, empty or not: the waits count groups
+  for (int m = 0; m < 2; ++m) r.chunk[m] = slot < 0 ? make_uint4(0u, 0u, 0u, 0u) : __ldg(src + part0 + 4 * m);
+  return r;
+}
+__device__ __forceinline__ void store_rope(unsigned k, const Rope& r, int row, int part0) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m) store_shared(k + swizzled(kTile, row, 64 + part0 + 4 * m), r.chunk[m]);
 }
 
-// This thread's chunks of raw tile `raw` -> bf16 tile `stage`.
-__device__ __forceinline__ void convert_tile(Shared& sh, int raw, int stage, int tid) {
+// Chunks part0, part0 + 4, ... of row `row` of the warpgroup's raw tile -> bf16 tile `stage` (the latent
+// unscaled, exact): four threads a row, so that a quarter-warp's stores land on distinct banks.
+__device__ __forceinline__ void convert_raw(Shared& sh, int group, int stage, int slot, int row, int part0) {
   const unsigned k = smem_addr(sh.k[stage]);
+  const unsigned raw = smem_addr(sh.raw[group] + row * kRawRowBytes);
 #pragma unroll
-  for (int n = 0; n < kChunksPerThread; ++n) {
-    const int chunk = tid + n * kThreads;
-    if (chunk < kChunks) {
-      const int row = chunk / 41, part = chunk % 41;
-      const uint4 v = load_shared(smem_addr(sh.raw[raw] + chunk * 16));
-      if (part < 32) {  // latent dims 16 part .. + 15
-        store_shared(k + swizzled(kTile, row, 2 * part), make_uint4(bf16x2_from_e4m3x2(v.x, 0), bf16x2_from_e4m3x2(v.x, 1),
-                                                                    bf16x2_from_e4m3x2(v.y, 0), bf16x2_from_e4m3x2(v.y, 1)));
-        store_shared(k + swizzled(kTile, row, 2 * part + 1), make_uint4(bf16x2_from_e4m3x2(v.z, 0), bf16x2_from_e4m3x2(v.z, 1),
-                                                                        bf16x2_from_e4m3x2(v.w, 0), bf16x2_from_e4m3x2(v.w, 1)));
-      } else if (part == 32) {  // the four group scales
-        sh.scale[stage][0][row] = __uint_as_float(v.x);
-        sh.scale[stage][1][row] = __uint_as_float(v.y);
-        sh.scale[stage][2][row] = __uint_as_float(v.z);
-        sh.scale[stage][3][row] = __uint_as_float(v.w);
-        sh.valid[stage][row] = sh.raw_valid[raw][row];
-      } else {  // rope dims 512 + 8 (part - 33) .. + 7
-        store_shared(k + swizzled(kTile, row, 64 + part - 33), v);
-      }
-    }
+  for (int m = 0; m < 8; ++m) {
+    const int c = part0 + 4 * m;  // latent dims 16 c .. + 15
+    const uint4 v = load_shared(raw + 16 * c);
+    store_shared(k + swizzled(kTile, row, 2 * c), make_uint4(bf16x2_from_e4m3x2(v.x, 0), bf16x2_from_e4m3x2(v.x, 1),
+                                                             bf16x2_from_e4m3x2(v.y, 0), bf16x2_from_e4m3x2(v.y, 1)));
+    store_shared(k + swizzled(kTile, row, 2 * c + 1), make_uint4(bf16x2_from_e4m3x2(v.z, 0), bf16x2_from_e4m3x2(v.z, 1),
+                                                                 bf16x2_from_e4m3x2(v.w, 0), bf16x2_from_e4m3x2(v.w, 1)));
   }
-  fence_async_shared();  // the tile is read next by wgmma (the async proxy)
+  if (part0 == 0) {
+    const uint4 v = load_shared(raw + 16 * 32);
+    sh.scale[stage][0][row] = __uint_as_float(v.x);
+    sh.scale[stage][1][row] = __uint_as_float(v.y);
+    sh.scale[stage][2][row] = __uint_as_float(v.z);
+    sh.scale[stage][3][row] = __uint_as_float(v.w);
+    sh.valid[stage][row] = slot >= 0;
+  }
 }
 
-// S's accumulator layout (m64nNk16, fp32): thread t of the warpgroup holds rows 16 (t / 32) + (t % 32) / 4
-// (registers 4 j, 4 j + 1) and that + 8 (4 j + 2, 4 j + 3), columns 8 j + 2 (t % 4) and + 1.
 __device__ __forceinline__ void add_scaled(float (&s)[kSRegs], const float (&part)[kSRegs], const float* scale, int lane) {
 #pragma unroll
   for (int j = 0; j < kTile / 8; ++j) {
@@ -195,19 +202,90 @@ __device__ __forceinline__ void add_scaled(float (&s)[kSRegs], const float (&par
   }
 }
 
-// d = q k^T over `steps` 16-dim k-steps from dim 16 first_step on (128-dim latent groups are 8
-// steps, the 64 rope dims 4), by wgmma from shared memory; one commit group.
 __device__ __forceinline__ void scores(float (&d)[kSRegs], unsigned q, unsigned k, int first_step, int steps) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     if (ks < steps) {
-      const int step = first_step + ks;  // 64-dim block step / 4, 32 B into the row per step
+      const int step = first_step + ks;
       const unsigned long long a = descriptor(q + (step >> 2) * kHeads * 128 + (step & 3) * 32, 16, 1024);
       const unsigned long long b = descriptor(k + (step >> 2) * kTile * 128 + (step & 3) * 32, 16, 1024);
       wgmma_ss_n32(d, a, b, ks > 0);
     }
   }
   wgmma_commit();
+}
+
+// P s_g as the A operand of P.V (the accumulator layout is the A operand's register layout).
+__device__ __forceinline__ void p_operand(unsigned (&a)[2][4], const float (&p)[kSRegs], const float* scale, int lane) {
+#pragma unroll
+  for (int c = 0; c < kTile / 16; ++c) {
+    const float2 lo = *reinterpret_cast<const float2*>(scale + 16 * c + 2 * (lane & 3));
+    const float2 hi = *reinterpret_cast<const float2*>(scale + 16 * c + 8 + 2 * (lane & 3));
+    a[c][0] = bf16x2(p[8 * c] * lo.x, p[8 * c + 1] * lo.y);
+    a[c][1] = bf16x2(p[8 * c + 2] * lo.x, p[8 * c + 3] * lo.y);
+    a[c][2] = bf16x2(p[8 * c + 4] * hi.x, p[8 * c + 5] * hi.y);
+    a[c][3] = bf16x2(p[8 * c + 6] * hi.x, p[8 * c + 7] * hi.y);
+  }
+}
+
+// O_g += P_g k8_g over the tile in `k`, for this warpgroup's two latent groups (2 group, 2 group + 1).
+__device__ __forceinline__ void pv(float (&o)[2][64], const unsigned (&a)[2][2][4], unsigned k, int group) {
+#pragma unroll
+  for (int g = 0; g < 2; ++g)
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c)
+      wgmma_rs_n128(o[g], a[g][c], descriptor(k + (2 * (2 * group + g)) * kTile * 128 + c * 16 * 128, kTile * 128, 1024));
+}
+
+// O (and its reference max) to the reference `m`: only where it moved, rows of a warp at once.
+__device__ __forceinline__ void rebase(float (&o)[2][64], float (&ref)[2], const float (&m)[2]) {
+  if (__any_sync(0xffffffffu, ref[0] != m[0] || ref[1] != m[1])) {
+    const float alpha[2] = {exp2_approx(ref[0] - m[0]), exp2_approx(ref[1] - m[1])};
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) o[g][e] *= alpha[(e >> 1) & 1];
+    ref[0] = m[0];
+    ref[1] = m[1];
+  }
+}
+
+__device__ __forceinline__ void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+// The tile the other warpgroup handed over: P s_g for this one's groups, and its running max
+// (`handed` false: zeros, and the max unchanged).
+__device__ __forceinline__ void take_over(const Shared& sh, int t, bool handed, unsigned (&a)[2][2][4], float (&m)[2]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint4 v = handed ? sh.hand_p[r][t] : make_uint4(0u, 0u, 0u, 0u);
+    a[r >> 1][r & 1][0] = v.x;
+    a[r >> 1][r & 1][1] = v.y;
+    a[r >> 1][r & 1][2] = v.z;
+    a[r >> 1][r & 1][3] = v.w;
+  }
+  if (handed) {
+    const float2 mm = sh.hand_m[t];
+    m[0] = mm.x;
+    m[1] = mm.y;
+  }
+}
+
+// Tile j's stage is free once every warp is done with it: its owner's S and P.V, the other's P.V.
+__device__ __forceinline__ void release(Shared& sh, int j, int lane) {
+  if (j >= 0 && lane == 0) mbar_arrive(&sh.empty[j % kStages]);
 }
 
 }  // namespace
@@ -219,74 +297,101 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   extern __shared__ unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kHeads;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31, group = tid >> 7, other = group ^ 1, t = tid & 127;
   const int k_begin = split * k_per_split;
   const int k_end = min(K, k_begin + k_per_split);
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
   const int* slots_of_b = topk + static_cast<long long>(b) * K;
+  const int row = t >> 2, part0 = t & 3;  // this thread's row of its warpgroup's tiles, and first chunk
+  auto slot_of = [&](int tile) {
+    const int kk = k_begin + tile * kTile + row;
+    return tile < n_tiles && kk < k_end ? slots_of_b[kk] : -1;
+  };
 
-  // q's 64 heads into shared memory, swizzled (heads past H are zeros), and the first raw tiles
-  // in flight; then the first tile converted.
-  for (int i = tid; i < kHeads * 72; i += kThreads) {  // by cp.async: plain loads would wait one by one
-    const int row = i / 72, chunk = i % 72;
-    const bool ok = head0 + row < H;
-    copy_async(smem_addr(sh.q) + swizzled(kHeads, row, chunk),
-               q + (static_cast<long long>(b) * H + (ok ? head0 + row : 0)) * 576 + 8 * chunk, ok ? 16 : 0);
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) mbar_init(&sh.empty[s], kThreads / 32);
+  for (int i = tid; i < kHeads * 72; i += kThreads) {
+    const int r = i / 72, chunk = i % 72;
+    const bool ok = head0 + r < H;
+    copy_async(smem_addr(sh.q) + swizzled(kHeads, r, chunk),
+               q + (static_cast<long long>(b) * H + (ok ? head0 + r : 0)) * 576 + 8 * chunk, ok ? 16 : 0);
   }
-  int slots[kChunksPerThread];
-#pragma unroll
-  for (int t = 0; t < kRawStages; ++t) {
-    tile_slots(slots, slots_of_b, k_begin + t * kTile, t < n_tiles ? k_end : 0, tid);
-    copy_tile(sh, cache, slots, t, tid);
+  int slot = slot_of(group);
+  copy_raw(sh.raw[group], cache, slot, t);
+  copy_commit();
+  int slot_next = slot_of(group + 2);
+  copy_wait<0>();
+  bar_sync(1 + group, kGroupThreads);
+  if (group < n_tiles) {
+    convert_raw(sh, group, group, slot, row, part0);
+    store_rope(smem_addr(sh.k[group]), load_rope(cache, slot, part0), row, part0);
   }
-  tile_slots(slots, slots_of_b, k_begin + kRawStages * kTile, kRawStages < n_tiles ? k_end : 0, tid);
-  copy_wait<kRawStages - 1>();
-  convert_tile(sh, 0, 0, tid);
-  __syncthreads();
+  fence_async_shared();
+  __syncthreads();  // q, the mbarriers
 
-  const int wg = tid >> 7;  // warpgroup 0 or 1: latent groups 2 wg and 2 wg + 1 of the output
-  const int row0 = ((tid & 127) >> 5) * 16 + (lane >> 2);  // this thread's heads: row0 and row0 + 8
+  const int row0 = (t >> 5) * 16 + (lane >> 2);  // this thread's heads: row0 and row0 + 8
   const unsigned qa = smem_addr(sh.q);
   float o[2][64];
 #pragma unroll
   for (int g = 0; g < 2; ++g)
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[g][i] = 0.f;
-  float m[2] = {-1e30f, -1e30f}, l[2] = {0.f, 0.f};  // a finite start: a tile with no row gives p = 0
+  float o_ref[2] = {kNoMax, kNoMax};  // the max O's terms are relative to
+  float m[2] = {kNoMax, kNoMax};      // the running max of the last tile seen (own or handed over)
+  float l[2] = {0.f, 0.f}, l_ref[2] = {kNoMax, kNoMax};  // this warpgroup's tiles' sum, and its reference
 
-  for (int i = 0; i < n_tiles; ++i) {
-    const int stage = i & 1;
-    // Raw tile i + 3 into the raw stage that tile i left (converted last step).
-    copy_tile(sh, cache, slots, i % kRawStages, tid);
-    tile_slots(slots, slots_of_b, k_begin + (i + kRawStages + 1) * kTile, i + kRawStages + 1 < n_tiles ? k_end : 0, tid);
-
+  for (int i = group; i < n_tiles; i += 2) {
+    const int stage = i % kStages;
+    const int slot_after = slot_of(i + 4);  // read now, used once tile i + 2 is converted
+    const Rope rope_next = load_rope(cache, slot_next, part0);  // tile i + 2's, landing during this tile
+    // Tile i converted and its rope stored, by every thread of the warpgroup.
+    fence_async_shared();
+    bar_sync(1 + group, kGroupThreads);
+    copy_raw(sh.raw[group], cache, slot_next, t);  // tile i + 2's rows: the raw tile is free
+    copy_commit();
     const unsigned ka = smem_addr(sh.k[stage]);
-    // S: warpgroup w takes latent groups 2 w and 2 w + 1 and half of the rope, the same
-    // instructions on other addresses; the two halves meet in shared memory, and both
-    // warpgroups add them in the same order.
-    float s[kSRegs], part_a[kSRegs], part_b[kSRegs];
-    wgmma_fence();
-    scores(s, qa, ka, 32 + 2 * wg, 2);  // the rope: unscaled
-    scores(part_a, qa, ka, 16 * wg, 8);
-    scores(part_b, qa, ka, 16 * wg + 8, 8);
-    // While they run: tile i + 1, landed (this thread's copies), into the other bf16 stage.
-    copy_wait<kRawStages - 1>();
-    if (i + 1 < n_tiles) convert_tile(sh, (i + 1) % kRawStages, stage ^ 1, tid);
-    wgmma_wait<1>();
-    pin(s);
-    pin(part_a);
-    add_scaled(s, part_a, sh.scale[stage][2 * wg], lane);
+    float s[kSRegs], pa[kSRegs], pb[kSRegs];
+    // This warpgroup's P.V of tile i - 2, issued before the conversion: nothing stays in flight
+    // into the waits below (ptxas serializes the MMAs if an accumulator's wgmma might be).
     wgmma_wait<0>();
-    pin(part_b);
-    add_scaled(s, part_b, sh.scale[stage][2 * wg + 1], lane);
-#pragma unroll
-    for (int e = 0; e < kSRegs; ++e) sh.half_scores[wg][e][tid & 127] = s[e];
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-#pragma unroll
-    for (int e = 0; e < kSRegs; ++e) s[e] = wg == 0 ? s[e] + sh.half_scores[1][e][tid & 127]
-                                                    : sh.half_scores[0][e][tid & 127] + s[e];
+    release(sh, i - 2, lane);
+    pin(o[0]);
+    pin(o[1]);
+    wgmma_fence();
+    scores(s, qa, ka, 32, 4);  // the rope: unscaled
+    scores(pa, qa, ka, 0, 8);
+    scores(pb, qa, ka, 8, 8);
+    // S whole before the hand-over: only the softmax and P.V wait for the other warpgroup.
+    wgmma_wait<1>();  // the rope, group 0
+    pin(s);
+    pin(pa);
+    add_scaled(s, pa, sh.scale[stage][0], lane);
+    wgmma_fence();
+    scores(pa, qa, ka, 16, 8);
+    wgmma_wait<1>();
+    pin(pb);
+    add_scaled(s, pb, sh.scale[stage][1], lane);
+    wgmma_fence();
+    scores(pb, qa, ka, 24, 8);
+    wgmma_wait<1>();
+    pin(pa);
+    add_scaled(s, pa, sh.scale[stage][2], lane);
+    wgmma_wait<0>();
+    pin(pb);
+    add_scaled(s, pb, sh.scale[stage][3], lane);
+    pin(o[0]);
+    pin(o[1]);
+    // Tile i - 1's P from the other warpgroup; O to its reference, then its P.V (the first
+    // tile has none: zeros times tile i's rows, so that every warp runs the same MMAs).
+    unsigned po[2][2][4];
+    if (i > 0) bar_sync(3 + other, kThreads);
+    take_over(sh, t, i > 0, po, m);
+    rebase(o, o_ref, m);
+    wgmma_fence();
+    pv(o, po, smem_addr(sh.k[i > 0 ? (i - 1) % kStages : stage]), group);
+    wgmma_commit();
 
-    // Online softmax over the tile, in base 2.
+    // Online softmax over the tile, base 2; the running max moves only past kSlack.
     float tile_max[2] = {-kInf, -kInf};
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
@@ -299,14 +404,12 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
         tile_max[r] = fmaxf(tile_max[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       }
     }
-    float alpha[2], sum[2] = {0.f, 0.f};
+    float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      alpha[r] = exp2_approx(m[r] - m_new);
-      m[r] = m_new;
+      if (tile_max[r] > m[r] + kSlack) m[r] = tile_max[r];
     }
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j)
@@ -316,52 +419,76 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
         sum[e >> 1] += s[4 * j + e];
       }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int e = 0; e < 64; ++e) o[g][e] *= alpha[(e >> 1) & 1];
-
-    // O_g += (P s_g) k8_g: P's accumulator layout is the A operand's register layout.
-    unsigned a[2][kTile / 16][4];
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      const float* scale = sh.scale[stage][2 * wg + g];
-#pragma unroll
-      for (int c = 0; c < kTile / 16; ++c) {
-        const float2 lo = *reinterpret_cast<const float2*>(scale + 16 * c + 2 * (lane & 3));
-        const float2 hi = *reinterpret_cast<const float2*>(scale + 16 * c + 8 + 2 * (lane & 3));
-        a[g][c][0] = bf16x2(s[8 * c] * lo.x, s[8 * c + 1] * lo.y);
-        a[g][c][1] = bf16x2(s[8 * c + 2] * lo.x, s[8 * c + 3] * lo.y);
-        a[g][c][2] = bf16x2(s[8 * c + 4] * hi.x, s[8 * c + 5] * hi.y);
-        a[g][c][3] = bf16x2(s[8 * c + 6] * hi.x, s[8 * c + 7] * hi.y);
+    for (int r = 0; r < 2; ++r) {
+      if (l_ref[r] != m[r]) {
+        l[r] *= exp2_approx(l_ref[r] - m[r]);
+        l_ref[r] = m[r];
       }
+      l[r] += sum[r];
     }
+    // The other warpgroup's P s_g and the max, handed over; then this one's.
+    unsigned a[2][2][4];
+#pragma unroll
+    for (int g = 0; g < 2; ++g) p_operand(a[g], s, sh.scale[stage][2 * other + g], lane);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) sh.hand_p[r][t] = make_uint4(a[r >> 1][r & 1][0], a[r >> 1][r & 1][1], a[r >> 1][r & 1][2], a[r >> 1][r & 1][3]);
+    sh.hand_m[t] = make_float2(m[0], m[1]);
+    bar_arrive(3 + group, kThreads);
+#pragma unroll
+    for (int g = 0; g < 2; ++g) p_operand(a[g], s, sh.scale[stage][2 * group + g], lane);
+    wgmma_wait<0>();  // the P.V of tile i - 1
+    if (i > 0) release(sh, i - 1, lane);
     pin(o[0]);
     pin(o[1]);
+    rebase(o, o_ref, m);
     wgmma_fence();
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int c = 0; c < kTile / 16; ++c) {
-        // B = the tile's dims 128 (2 wg + g) .. + 127, tokens 16 c .. 16 c + 15, read MN-major:
-        // 64-dim blocks kTile x 128 B apart (leading), 8-token groups 1024 B apart (stride).
-        const unsigned addr = ka + (2 * (2 * wg + g)) * kTile * 128 + c * 16 * 128;
-        wgmma_rs_n128(o[g], a[g][c], descriptor(addr, kTile * 128, 1024));
-      }
+    pv(o, a, ka, group);
     wgmma_commit();
+
+    // Tile i + 2 (this warpgroup's next): its raw rows landed, its stage free (tile i - 1 done).
+    const int next = i + 2;
+    copy_wait<0>();
+    bar_sync(1 + group, kGroupThreads);  // every thread's copies of the raw tile landed
+    if (next < n_tiles) {
+      if (next >= kStages) mbar_wait(&sh.empty[next % kStages], ((next / kStages) + 1) & 1);
+      convert_raw(sh, group, next % kStages, slot_next, row, part0);
+      store_rope(smem_addr(sh.k[next % kStages]), rope_next, row, part0);
+    }
+    slot_next = slot_after;
+  }
+  // The other warpgroup's last tile, if it had the last.
+  if (n_tiles > 0 && ((n_tiles - 1) & 1) == other) {
+    unsigned po[2][2][4];
+    bar_sync(3 + other, kThreads);
+    take_over(sh, t, true, po, m);
     wgmma_wait<0>();
     pin(o[0]);
     pin(o[1]);
-    __syncthreads();  // tile i is consumed by both warpgroups, tile i + 1 converted by every thread
+    rebase(o, o_ref, m);
+    wgmma_fence();
+    pv(o, po, smem_addr(sh.k[(n_tiles - 1) % kStages]), group);
+    wgmma_commit();
   }
+  wgmma_wait<0>();
+  pin(o[0]);
+  pin(o[1]);
   copy_wait<0>();  // no copy may land after the CTA has gone
 
+  // Both warpgroups' sums at the last tile's max (m, which O is at now), over the quad's columns.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    l[r] = l_ref[r] == m[r] ? l[r] : l[r] * exp2_approx(l_ref[r] - m[r]);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  // (Warpgroup 0's go where the hand-over's max was, once warpgroup 1 has taken the last one.)
+  if (group == 1) sh.l_end[t] = make_float2(l[0], l[1]);
+  __syncthreads();
+  if (group == 0) sh.hand_m[t] = make_float2(l[0], l[1]);
+  __syncthreads();
+  const float2 theirs = group == 0 ? sh.l_end[t] : sh.hand_m[t];
+  l[0] += theirs.x;
+  l[1] += theirs.y;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = head0 + row0 + 8 * r;
@@ -372,10 +499,10 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     for (int g = 0; g < 2; ++g)
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const int col = 128 * (2 * wg + g) + 8 * j + 2 * (lane & 3);
+        const int col = 128 * (2 * group + g) + 8 * j + 2 * (lane & 3);
         out[(at * 512 + col) / 2] = bf16x2(o[g][4 * j + 2 * r] * inv, o[g][4 * j + 2 * r + 1] * inv);
       }
-    if (wg == 0 && (lane & 3) == 0)
+    if (group == 0 && (lane & 3) == 0)
       out_lse[at] = l[r] > 0.f ? (m[r] + log2_approx(l[r])) * 0.6931471805599453f : -kInf;
   }
 }
