@@ -62,10 +62,12 @@ def sparse_mla_cases(gen: torch.Generator) -> list[tuple[str, bool]]:
             results.append((f"sparse MLA wgmma stages={stages} teams={teams} producers={producers} "
                             f"B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))
     # The wgmma kernel: 64 heads a CTA (fewer are zero rows, more take several CTAs), slices of the
-    # list with a short last tile, a list shorter than one tile, one request spread over 8 slices.
+    # list (a cluster of 2, 4 or 8 merging in the kernel) with a short last tile, a list shorter than
+    # one tile, one request spread over 8 slices, slices left empty.
     for batch, heads, k, splits, padded in ((2, 64, 64, 1, False), (2, 64, 2048, None, True), (3, 64, 300, 2, True),
                                             (2, 64, 100, 4, True), (3, 64, 20, 1, True), (1, 64, 2048, None, False),
-                                            (2, 128, 256, None, True), (3, 17, 192, 2, True), (2, 100, 300, 3, True)):
+                                            (2, 128, 256, None, True), (3, 17, 192, 2, True), (2, 100, 300, 4, True),
+                                            (2, 64, 2048, 2, True), (3, 64, 100, 8, True)):
         err, ok = _mla_case(lambda q, c, s, sc, o, l: sparse_mla_decode_wgmma(q, c, s, sc, num_splits=splits, out=o,
                                                                              out_lse=l), cache, batch, heads, k, padded, gen)
         results.append((f"sparse MLA wgmma B={batch} H={heads} K={k} splits={splits} padded={padded}: err {err:.1e}", ok))

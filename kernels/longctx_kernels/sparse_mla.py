@@ -374,9 +374,9 @@ def sparse_mla_decode_wgmma(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hand-written wgmma kernel (csrc/sparse_mla_wgmma.cu) for many heads on sm_90a: same
     contract as :func:`sparse_mla_decode`. A CTA takes 64 heads (fewer are zero rows, more take
-    several CTAs) of one request and one of `num_splits` slices of its top-k list (by default
-    enough slices that the CTAs fill the GPU once, see :func:`_wgmma_splits`); with more than one
-    slice, bf16 partials are combined by :func:`lse_merge`."""
+    several CTAs) of one request and one of `num_splits` slices of its top-k list (1, 2, 4 or 8;
+    by default enough that the CTAs fill the GPU once, see :func:`_wgmma_splits`); a request's
+    slices are one thread-block cluster and merge their outputs in the kernel."""
     from .cuda_module import load
 
     batch, heads, dim = q.shape
@@ -389,24 +389,29 @@ def sparse_mla_decode_wgmma(
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         num_splits = _wgmma_splits(batch * head_blocks, k, sms)
-    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), WGMMA_TILE) * WGMMA_TILE
-    num_splits = triton.cdiv(k, k_per_split) if k else 1
+    if num_splits not in (1, 2, 4, 8):
+        raise ValueError(f"sparse_mla_decode_wgmma: num_splits={num_splits}; the slices of a request are one "
+                         "cluster merging whole 64-column blocks: pass 1, 2, 4 or 8")
+    k_per_split = triton.cdiv(triton.cdiv(k, num_splits), WGMMA_TILE) * WGMMA_TILE  # trailing slices may be empty
     q = q.contiguous()
     topk_slots = topk_slots.contiguous()
-    part, part_lse = _slice_outputs(q, num_splits, torch.bfloat16, out, out_lse)
-    kernel = load("sparse_mla_wgmma.cu", "sparse_mla_wgmma", q.device.index, arch_suffix="a")
+    out, out_lse = _slice_outputs(q, 1, torch.bfloat16, out, out_lse)
+    kernel = load("sparse_mla_wgmma.cu", "sparse_mla_wgmma", q.device.index, (("SPARSE_MLA_SPLITS", num_splits),),
+                  arch_suffix="a")
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     kernel.launch((num_splits, batch, head_blocks), 256, [
-        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (part.data_ptr(), ptr),
-        (part_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
+        (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
+        (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
-    return _merge_slices(num_splits, part, part_lse, out, out_lse)
+    return out, out_lse
 
 
 def _wgmma_splits(ctas: int, k: int, sms: int) -> int:
-    """Slices of the top-k list for the wgmma kernel (one CTA an SM): as many as fill the SMs once
-    (B=64 on 132 SMs: 2), at most 8, and at least 4 tiles a slice."""
-    return max(1, min(8, sms // max(ctas, 1), k // (4 * WGMMA_TILE)))
+    """Slices of the top-k list for the wgmma kernel (one CTA an SM): the largest power of two
+    that fills the SMs once (B=64 on 132 SMs: 2), at most 8 (a portable cluster), and at least
+    4 tiles a slice."""
+    fit = max(1, min(8, sms // max(ctas, 1), k // (4 * WGMMA_TILE)))
+    return 1 << (fit.bit_length() - 1)
 
 
 def sparse_mla_decode_auto(

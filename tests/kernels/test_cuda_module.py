@@ -51,8 +51,9 @@ def test_sparse_mla_cuda_kernel_compiles_for_h200_without_spills(tile, stages, t
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0
 
 
-def test_sparse_mla_wgmma_kernel_compiles_for_sm90a_without_spills_or_serialized_mma():
-    cubin = compile_cubin((CSRC / "sparse_mla_wgmma.cu").read_text(), "sm_90a")
+@pytest.mark.parametrize("splits", [1, 2, 8])
+def test_sparse_mla_wgmma_kernel_compiles_for_sm90a_without_spills_or_serialized_mma(splits):
+    cubin = compile_cubin((CSRC / "sparse_mla_wgmma.cu").read_text(), "sm_90a", (("SPARSE_MLA_SPLITS", splits),))
     usage = resource_usage(cubin)
     assert usage["REG"] <= 255 and usage["STACK"] == 0 and usage["LOCAL"] == 0
     sass = cuobjdump(cubin, "--dump-sass")

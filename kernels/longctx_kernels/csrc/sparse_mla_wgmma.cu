@@ -2,8 +2,10 @@
 //
 // Same contract as sparse_mla.sparse_mla_decode_reference: q [B, H, 576] bf16, a cache of
 // 656-byte fp8_ds_mla rows (512 e4m3 latent, 4 fp32 group scales, 64 bf16 rope), top-k slots
-// [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). With several slices of
-// the top-k list, each slice writes a partial [slice, B, H, 512] and lse for lse_merge.
+// [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). A request's top-k list
+// is cut into SPARSE_MLA_SPLITS slices, one CTA each (1, 2, 4 or 8: one thread-block cluster),
+// which merge their outputs through distributed shared memory at the end (no second kernel, and
+// no bf16 rounding of partial outputs).
 //
 // CTA = (slice of the top-k list, request, block of 64 heads), two warpgroups that take the
 // slice's 32-token tiles in turn and hand each tile's softmax to the other (a seesaw): the
@@ -28,6 +30,9 @@
 // once all eight warps have passed the waits of their MMAs on it (an mbarrier).
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
+#ifndef SPARSE_MLA_SPLITS
+#define SPARSE_MLA_SPLITS 1  // slices of a request's list: the cluster's CTAs
+#endif
 namespace {
 
 constexpr int kTile = 32;               // tokens a tile: S's N
@@ -44,6 +49,9 @@ constexpr int kKBytes = kBlocks * kTile * 128;
 constexpr float kSlack = 8.f;           // the running max moves only past 2^8: P <= 256
 #define kInf __int_as_float(0x7f800000)
 constexpr float kNoMax = -1e30f;        // a finite start: a tile with no row gives p = 0
+constexpr int kSplits = SPARSE_MLA_SPLITS;
+constexpr int kCols = 512 / kSplits;    // output columns a CTA of the cluster merges
+static_assert(kSplits == 1 || kSplits == 2 || kSplits == 4 || kSplits == 8, "whole 64-column blocks a CTA, at most a portable cluster");
 
 struct Shared {
   unsigned char q[kQBytes];             // 1024-B aligned, as the swizzle needs
@@ -56,6 +64,14 @@ struct Shared {
   float2 l_end[kGroupThreads];          // warpgroup 1's sums, at the end
   unsigned long long empty[kStages];    // mbarriers: every warp is done with the stage's tile
 };
+// The merge's inputs, where q and the bf16 tiles were: every CTA's unnormalized output for this
+// CTA's columns, its max and its sum.
+struct MergeIn {
+  float o[kSplits][kHeads][kCols];
+  float m[kSplits][kHeads];
+  float l[kSplits][kHeads];
+};
+static_assert(sizeof(MergeIn) <= kQBytes + kStages * kKBytes, "the merge's inputs fit where q and the tiles were");
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -283,6 +299,22 @@ __device__ __forceinline__ void take_over(const Shared& sh, int t, bool handed, 
   }
 }
 
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned cta) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr(p)), "r"(cta));
+  return out;
+}
+__device__ __forceinline__ void cluster_store2(unsigned addr, float a, float b) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void cluster_store(unsigned addr, float a) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
+}
+// Every thread of every CTA of the cluster: writes before it are visible to reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // Tile j's stage is free once every warp is done with it: its owner's S and P.V, the other's P.V.
 __device__ __forceinline__ void release(Shared& sh, int j, int lane) {
   if (j >= 0 && lane == 0) mbar_arrive(&sh.empty[j % kStages]);
@@ -291,6 +323,9 @@ __device__ __forceinline__ void release(Shared& sh, int j, int lane) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
+#if SPARSE_MLA_SPLITS > 1
+__cluster_dims__(kSplits, 1, 1)
+#endif
 sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __restrict__ cache, const int* __restrict__ topk,
                  unsigned* __restrict__ out, float* __restrict__ out_lse, int B, int H, int K, int k_per_split,
                  float scale_log2) {
@@ -489,11 +524,12 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   const float2 theirs = group == 0 ? sh.l_end[t] : sh.hand_m[t];
   l[0] += theirs.x;
   l[1] += theirs.y;
+#if SPARSE_MLA_SPLITS == 1
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = head0 + row0 + 8 * r;
     if (h >= H) continue;
-    const long long at = (static_cast<long long>(split) * B + b) * H + h;
+    const long long at = static_cast<long long>(b) * H + h;
     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
 #pragma unroll
     for (int g = 0; g < 2; ++g)
@@ -505,6 +541,48 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     if (group == 0 && (lane & 3) == 0)
       out_lse[at] = l[r] > 0.f ? (m[r] + log2_approx(l[r])) * 0.6931471805599453f : -kInf;
   }
+#else
+  // The slices' merge, through distributed shared memory: CTA c of the cluster gets every CTA's
+  // output for columns c kCols .. + kCols - 1 (unnormalized, at that CTA's max) and max and sum.
+  cluster_sync();  // every CTA is done with its shared memory
+  MergeIn& in = *reinterpret_cast<MergeIn*>(&sh);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = row0 + 8 * r;
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = 128 * (2 * group + g) + 8 * j + 2 * (lane & 3);
+        cluster_store2(cluster_addr(&in.o[split][h][col % kCols], col / kCols), o[g][4 * j + 2 * r], o[g][4 * j + 2 * r + 1]);
+      }
+    if (group == 0 && (lane & 3) == 0)
+      for (int c = 0; c < kSplits; ++c) {
+        cluster_store(cluster_addr(&in.m[split][h], c), m[r]);
+        cluster_store(cluster_addr(&in.l[split][h], c), l[r]);
+      }
+  }
+  cluster_sync();  // every part is in
+  for (int e = tid; e < kHeads * kCols / 2; e += kThreads) {
+    const int h = e / (kCols / 2), c = 2 * (e % (kCols / 2));
+    if (head0 + h >= H) continue;
+    float top = kNoMax;
+#pragma unroll
+    for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][h]);
+    float sum = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+    for (int p = 0; p < kSplits; ++p) {
+      const float w = exp2_approx(in.m[p][h] - top);
+      sum += w * in.l[p][h];
+      o0 += w * in.o[p][h][c];
+      o1 += w * in.o[p][h][c + 1];
+    }
+    const long long at = static_cast<long long>(b) * H + head0 + h;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    out[(at * 512 + split * kCols + c) / 2] = bf16x2(o0 * inv, o1 * inv);
+    if (split == 0 && c == 0) out_lse[at] = sum > 0.f ? (top + log2_approx(sum)) * 0.6931471805599453f : -kInf;
+  }
+#endif
 }
 
 extern "C" __device__ const int sparse_mla_wgmma_shared_bytes = sizeof(Shared) + 1024;  // + the alignment slack
