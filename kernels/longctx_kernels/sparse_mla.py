@@ -402,7 +402,7 @@ def sparse_mla_decode_wgmma(
     kernel.launch((num_splits, batch, head_blocks), 256, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
         (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
-        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream)
+        (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream, programmatic=True)
     return out, out_lse
 
 

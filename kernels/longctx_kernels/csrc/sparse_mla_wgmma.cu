@@ -343,8 +343,12 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     return tile < n_tiles && kk < k_end ? slots_of_b[kk] : -1;
   };
 
+  // Launched as a programmatic dependent: the next kernel on the stream may take its places from
+  // now on, and this one touches global memory only once the previous kernel is done.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0)
     for (int s = 0; s < kStages; ++s) mbar_init(&sh.empty[s], kThreads / 32);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   for (int i = tid; i < kHeads * 72; i += kThreads) {
     const int r = i / 72, chunk = i % 72;
     const bool ok = head0 + r < H;
