@@ -218,14 +218,24 @@ __device__ __forceinline__ void add_scaled(float (&s)[kSRegs], const float (&par
   }
 }
 
-__device__ __forceinline__ void scores(float (&d)[kSRegs], unsigned q, unsigned k, int first_step, int steps) {
+// A descriptor `bytes` further on: the start address is its low field, in 16-B units (shared
+// memory stays below 2^18 B, so the sum never carries out of it). Cheaper than a new descriptor
+// at each k-step, which took a dozen integer instructions a wgmma.
+__device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
+  return (desc & 0xffffffff00000000ull) | (static_cast<unsigned>(desc) + (bytes >> 4));  // a 32-bit add
+}
+
+// d = q k^T over `steps` 16-dim k-steps from dim 16 first_step on (128-dim latent groups are 8
+// steps, the 64 rope dims 4), by wgmma from shared memory (q and k: their K-major descriptors);
+// one commit group.
+__device__ __forceinline__ void scores(float (&d)[kSRegs], unsigned long long q, unsigned long long k, int first_step,
+                                       int steps) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     if (ks < steps) {
-      const int step = first_step + ks;
-      const unsigned long long a = descriptor(q + (step >> 2) * kHeads * 128 + (step & 3) * 32, 16, 1024);
-      const unsigned long long b = descriptor(k + (step >> 2) * kTile * 128 + (step & 3) * 32, 16, 1024);
-      wgmma_ss_n32(d, a, b, ks > 0);
+      const int step = first_step + ks;  // 64-dim block step / 4, 32 B into the row a step
+      wgmma_ss_n32(d, advance(q, (step >> 2) * kHeads * 128 + (step & 3) * 32),
+                   advance(k, (step >> 2) * kTile * 128 + (step & 3) * 32), ks > 0);
     }
   }
   wgmma_commit();
@@ -244,13 +254,15 @@ __device__ __forceinline__ void p_operand(unsigned (&a)[2][4], const float (&p)[
   }
 }
 
-// O_g += P_g k8_g over the tile in `k`, for this warpgroup's two latent groups (2 group, 2 group + 1).
+// O_g += P_g k8_g over the tile in `k` (shared address), for this warpgroup's two latent groups
+// (2 group, 2 group + 1): the tile read MN-major, 64-dim blocks kTile x 128 B apart (leading),
+// 8-token groups 1024 B apart (stride).
 __device__ __forceinline__ void pv(float (&o)[2][64], const unsigned (&a)[2][2][4], unsigned k, int group) {
+  const unsigned long long b = descriptor(k + 2 * (2 * group) * kTile * 128, kTile * 128, 1024);
 #pragma unroll
   for (int g = 0; g < 2; ++g)
 #pragma unroll
-    for (int c = 0; c < kTile / 16; ++c)
-      wgmma_rs_n128(o[g], a[g][c], descriptor(k + (2 * (2 * group + g)) * kTile * 128 + c * 16 * 128, kTile * 128, 1024));
+    for (int c = 0; c < kTile / 16; ++c) wgmma_rs_n128(o[g], a[g][c], advance(b, 2 * g * kTile * 128 + c * 16 * 128));
 }
 
 // O (and its reference max) to the reference `m`: only where it moved, rows of a warp at once.
@@ -369,7 +381,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   __syncthreads();  // q, the mbarriers
 
   const int row0 = (t >> 5) * 16 + (lane >> 2);  // this thread's heads: row0 and row0 + 8
-  const unsigned qa = smem_addr(sh.q);
+  const unsigned long long qd = descriptor(smem_addr(sh.q), 16, 1024);
   float o[2][64];
 #pragma unroll
   for (int g = 0; g < 2; ++g)
@@ -389,6 +401,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     copy_raw(sh.raw[group], cache, slot_next, t);  // tile i + 2's rows: the raw tile is free
     copy_commit();
     const unsigned ka = smem_addr(sh.k[stage]);
+    const unsigned long long kd = descriptor(ka, 16, 1024);
     float s[kSRegs], pa[kSRegs], pb[kSRegs];
     // This warpgroup's P.V of tile i - 2, issued before the conversion: nothing stays in flight
     // into the waits below (ptxas serializes the MMAs if an accumulator's wgmma might be).
@@ -397,21 +410,21 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     pin(o[0]);
     pin(o[1]);
     wgmma_fence();
-    scores(s, qa, ka, 32, 4);  // the rope: unscaled
-    scores(pa, qa, ka, 0, 8);
-    scores(pb, qa, ka, 8, 8);
+    scores(s, qd, kd, 32, 4);  // the rope: unscaled
+    scores(pa, qd, kd, 0, 8);
+    scores(pb, qd, kd, 8, 8);
     // S whole before the hand-over: only the softmax and P.V wait for the other warpgroup.
     wgmma_wait<1>();  // the rope, group 0
     pin(s);
     pin(pa);
     add_scaled(s, pa, sh.scale[stage][0], lane);
     wgmma_fence();
-    scores(pa, qa, ka, 16, 8);
+    scores(pa, qd, kd, 16, 8);
     wgmma_wait<1>();
     pin(pb);
     add_scaled(s, pb, sh.scale[stage][1], lane);
     wgmma_fence();
-    scores(pb, qa, ka, 24, 8);
+    scores(pb, qd, kd, 24, 8);
     wgmma_wait<1>();
     pin(pa);
     add_scaled(s, pa, sh.scale[stage][2], lane);
