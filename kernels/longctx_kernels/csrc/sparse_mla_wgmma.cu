@@ -73,9 +73,7 @@ struct MergeIn {
 };
 static_assert(sizeof(MergeIn) <= kQBytes + kStages * kKBytes, "the merge's inputs fit where q and the tiles were");
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+#include "barriers.cuh"
 
 // Byte offset of 16-B chunk `chunk` (dims 8 chunk .. 8 chunk + 7) of row `row` in a tile of `rows`
 // rows: 64-dim blocks of rows x 128 B, the chunk index XOR the row's low 3 bits (128-B swizzle).
@@ -280,19 +278,6 @@ __device__ __forceinline__ void rebase(float (&o)[2][64], float (&ref)[2], const
 
 __device__ __forceinline__ void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-  } while (!done);
-}
 // The tile the other warpgroup handed over: P s_g for this one's groups, and its running max
 // (`handed` false: zeros, and the max unchanged).
 __device__ __forceinline__ void take_over(const Shared& sh, int t, bool handed, unsigned (&a)[2][2][4], float (&m)[2]) {
@@ -311,20 +296,8 @@ __device__ __forceinline__ void take_over(const Shared& sh, int t, bool handed, 
   }
 }
 
-__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned cta) {
-  unsigned out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr(p)), "r"(cta));
-  return out;
-}
 __device__ __forceinline__ void cluster_store2(unsigned addr, float a, float b) {
   asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ void cluster_store(unsigned addr, float a) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
-}
-// Every thread of every CTA of the cluster: writes before it are visible to reads after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // Tile j's stage is free once every warp is done with it: its owner's S and P.V, the other's P.V.
