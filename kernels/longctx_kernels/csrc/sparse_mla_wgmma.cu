@@ -43,6 +43,8 @@ constexpr int kBlocks = 9;              // 64-dim blocks of a q or k row: 8 late
 constexpr int kStages = 3;              // bf16 tiles: two in use, one being converted
 constexpr int kThreads = 256;
 constexpr int kGroupThreads = 128;
+constexpr int kGroupBarrier = 1;        // named barriers: 1 + w, warpgroup w's own (its tile converted)
+constexpr int kHandOverBarrier = 3;     // 3 + w, warpgroup w's tile handed over (w arrives, the other syncs)
 constexpr int kSRegs = kTile / 2;
 constexpr int kQBytes = kBlocks * kHeads * 128;
 constexpr int kKBytes = kBlocks * kTile * 128;
@@ -345,7 +347,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   copy_commit();
   int slot_next = slot_of(group + 2);
   copy_wait<0>();
-  bar_sync(1 + group, kGroupThreads);
+  bar_sync(kGroupBarrier + group, kGroupThreads);
   if (group < n_tiles) {
     convert_raw(sh, group, group, slot, row, part0);
     store_rope(smem_addr(sh.k[group]), load_rope(cache, slot, part0), row, part0);
@@ -370,7 +372,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     const Rope rope_next = load_rope(cache, slot_next, part0);  // tile i + 2's, landing during this tile
     // Tile i converted and its rope stored, by every thread of the warpgroup.
     fence_async_shared();
-    bar_sync(1 + group, kGroupThreads);
+    bar_sync(kGroupBarrier + group, kGroupThreads);
     copy_raw(sh.raw[group], cache, slot_next, t);  // tile i + 2's rows: the raw tile is free
     copy_commit();
     const unsigned ka = smem_addr(sh.k[stage]);
@@ -409,7 +411,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     // Tile i - 1's P from the other warpgroup; O to its reference, then its P.V (the first
     // tile has none: zeros times tile i's rows, so that every warp runs the same MMAs).
     unsigned po[2][2][4];
-    if (i > 0) bar_sync(3 + other, kThreads);
+    if (i > 0) bar_sync(kHandOverBarrier + other, kThreads);
     take_over(sh, t, i > 0, po, m);
     rebase(o, o_ref, m);
     wgmma_fence();
@@ -458,7 +460,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
 #pragma unroll
     for (int r = 0; r < 4; ++r) sh.hand_p[r][t] = make_uint4(a[r >> 1][r & 1][0], a[r >> 1][r & 1][1], a[r >> 1][r & 1][2], a[r >> 1][r & 1][3]);
     sh.hand_m[t] = make_float2(m[0], m[1]);
-    bar_arrive(3 + group, kThreads);
+    bar_arrive(kHandOverBarrier + group, kThreads);
 #pragma unroll
     for (int g = 0; g < 2; ++g) p_operand(a[g], s, sh.scale[stage][2 * group + g], lane);
     wgmma_wait<0>();  // the P.V of tile i - 1
@@ -473,7 +475,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     // Tile i + 2 (this warpgroup's next): its raw rows landed, its stage free (tile i - 1 done).
     const int next = i + 2;
     copy_wait<0>();
-    bar_sync(1 + group, kGroupThreads);  // every thread's copies of the raw tile landed
+    bar_sync(kGroupBarrier + group, kGroupThreads);  // every thread's copies of the raw tile landed
     if (next < n_tiles) {
       if (next >= kStages) mbar_wait(&sh.empty[next % kStages], ((next / kStages) + 1) & 1);
       convert_raw(sh, group, next % kStages, slot_next, row, part0);
@@ -484,7 +486,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   // The other warpgroup's last tile, if it had the last.
   if (n_tiles > 0 && ((n_tiles - 1) & 1) == other) {
     unsigned po[2][2][4];
-    bar_sync(3 + other, kThreads);
+    bar_sync(kHandOverBarrier + other, kThreads);
     take_over(sh, t, true, po, m);
     wgmma_wait<0>();
     pin(o[0]);
