@@ -188,14 +188,18 @@ __device__ __forceinline__ void store_rope(unsigned k, const Rope& r, int row, i
 __device__ __forceinline__ void convert_raw(Shared& sh, int group, int stage, int slot, int row, int part0) {
   const unsigned k = smem_addr(sh.k[stage]);
   const unsigned raw = smem_addr(sh.raw[group] + row * kRawRowBytes);
+  // Every load first: the stores' asm (a memory clobber) would otherwise keep each load behind
+  // the previous chunk's stores, one shared-memory latency a chunk.
+  uint4 v[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) v[m] = load_shared(raw + 16 * (part0 + 4 * m));  // latent dims 16 c .. + 15
 #pragma unroll
   for (int m = 0; m < 8; ++m) {
-    const int c = part0 + 4 * m;  // latent dims 16 c .. + 15
-    const uint4 v = load_shared(raw + 16 * c);
-    store_shared(k + swizzled(kTile, row, 2 * c), make_uint4(bf16x2_from_e4m3x2(v.x, 0), bf16x2_from_e4m3x2(v.x, 1),
-                                                             bf16x2_from_e4m3x2(v.y, 0), bf16x2_from_e4m3x2(v.y, 1)));
-    store_shared(k + swizzled(kTile, row, 2 * c + 1), make_uint4(bf16x2_from_e4m3x2(v.z, 0), bf16x2_from_e4m3x2(v.z, 1),
-                                                                 bf16x2_from_e4m3x2(v.w, 0), bf16x2_from_e4m3x2(v.w, 1)));
+    const int c = part0 + 4 * m;
+    store_shared(k + swizzled(kTile, row, 2 * c), make_uint4(bf16x2_from_e4m3x2(v[m].x, 0), bf16x2_from_e4m3x2(v[m].x, 1),
+                                                             bf16x2_from_e4m3x2(v[m].y, 0), bf16x2_from_e4m3x2(v[m].y, 1)));
+    store_shared(k + swizzled(kTile, row, 2 * c + 1), make_uint4(bf16x2_from_e4m3x2(v[m].z, 0), bf16x2_from_e4m3x2(v[m].z, 1),
+                                                                 bf16x2_from_e4m3x2(v[m].w, 0), bf16x2_from_e4m3x2(v[m].w, 1)));
   }
   if (part0 == 0) {
     const uint4 v = load_shared(raw + 16 * 32);
