@@ -306,6 +306,11 @@ __device__ __forceinline__ void cluster_store2(unsigned addr, float a, float b) 
   asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
+// A row's lse (base e) from its max (base 2, scaled) and its sum of exponentials: -inf for none.
+__device__ __forceinline__ float lse_of(float m, float sum) {
+  return sum > 0.f ? (m + log2_approx(sum)) * 0.6931471805599453f : -kInf;
+}
+
 // Tile j's stage is free once every warp is done with it: its owner's S and P.V, the other's P.V.
 __device__ __forceinline__ void release(Shared& sh, int j, int lane) {
   if (j >= 0 && lane == 0) mbar_arrive(&sh.empty[j % kStages]);
@@ -535,7 +540,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
         out[(at * 512 + col) / 2] = bf16x2(o[g][4 * j + 2 * r] * inv, o[g][4 * j + 2 * r + 1] * inv);
       }
     if (group == 0 && (lane & 3) == 0)
-      out_lse[at] = l[r] > 0.f ? (m[r] + log2_approx(l[r])) * 0.6931471805599453f : -kInf;
+      out_lse[at] = lse_of(m[r], l[r]);
   }
 #else
   // The slices' merge, through distributed shared memory: CTA c of the cluster gets every CTA's
@@ -576,7 +581,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     const long long at = static_cast<long long>(b) * H + head0 + h;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     out[(at * 512 + split * kCols + c) / 2] = bf16x2(o0 * inv, o1 * inv);
-    if (split == 0 && c == 0) out_lse[at] = sum > 0.f ? (top + log2_approx(sum)) * 0.6931471805599453f : -kInf;
+    if (split == 0 && c == 0) out_lse[at] = lse_of(top, sum);
   }
 #endif
 }
