@@ -33,21 +33,28 @@ from .kube import Kube, KubeError, collection_path
 log = logging.getLogger(__name__)
 Key = tuple[str, str]   # (namespace, name)
 WATCH_SECONDS = 240
+# The longest wait between two attempts to list again after an error: the API server back
+# from a restart is seen within this, and a kind the operator may not read costs one
+# refused LIST per interval.
+RELIST_BACKOFF_CAP = 5.0
 TOMBSTONES = 10_000   # deletions remembered per kind, far more than one watch lags another
 
 
-def _compact(obj: dict[str, Any], kind: str) -> str:
+def _compact(obj: dict[str, Any], kind: contract.Kind) -> str:
     """The stored form of an object of `kind`: compact JSON without
     `metadata.managedFields` (a fifth of the memory of the parsed object; a reconcile
-    decodes the few it reads). The object passed in is not modified. The kind is the
-    store's: a list's items carry none."""
+    decodes the few it reads), with its apiVersion and kind set from the store's kind: a
+    list's items carry neither, and a stored object must read as a watch event's does, or
+    every field the operator sets, apiVersion first, would look drifted after a relist.
+    The object passed in is not modified."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    if kind == "CustomResourceDefinition":   # only whether it is established, not its schema
+    if kind.kind == "CustomResourceDefinition":   # only whether it is established
         meta = {"name": meta["name"], "resourceVersion": meta.get("resourceVersion", "")}
-        obj = {"kind": kind, "status": {"conditions": [
+        obj = {"status": {"conditions": [
             {"type": c.get("type"), "status": c.get("status")}
             for c in (obj.get("status") or {}).get("conditions") or []]}}
-    return json.dumps({**obj, "metadata": meta}, separators=(",", ":"))
+    return json.dumps({**obj, "apiVersion": kind.api_version, "kind": kind.kind,
+                       "metadata": meta}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class _Entry:
     text: str
 
     @classmethod
-    def of(cls, obj: dict[str, Any], kind: str) -> "_Entry":
+    def of(cls, obj: dict[str, Any], kind: contract.Kind) -> "_Entry":
         meta = obj["metadata"]
         return cls(dict(meta.get("labels") or {}), meta.get("resourceVersion", ""),
                    _compact(obj, kind))
@@ -130,7 +137,7 @@ class Store:
         Returns every object added, changed or removed since the store last held this scope,
         as its metadata only."""
         fresh = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]):
-                 _Entry.of(o, self.kind.kind) for o in items}
+                 _Entry.of(o, self.kind) for o in items}
         with self._lock:
             before = {k: e for k, e in self._objects.items() if scope is None or k[0] == scope}
             changed = [_stub(k, e) for k, e in fresh.items()
@@ -156,7 +163,7 @@ class Store:
             current = self._objects.get(key)
         if current is not None and current.version == meta.get("resourceVersion"):
             return False   # the same version: this operator's own write, or the other watch
-        entry = _Entry.of(obj, self.kind.kind)
+        entry = _Entry.of(obj, self.kind)
         with self._lock:
             if not entry.newer_than(self._objects.get(key)) or self._buried(key, entry):
                 return False
@@ -234,7 +241,7 @@ class Reflector(threading.Thread):
             else:
                 continue
             self.stopping.wait(backoff)
-            backoff = min(backoff * 2, 30)
+            backoff = min(backoff * 2, RELIST_BACKOFF_CAP)
 
     def _list(self) -> str:
         body = self.kube.list_raw(self.store.kind, self.namespace, self.selector)

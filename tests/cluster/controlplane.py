@@ -318,7 +318,9 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/16", "--allow-privileged=true",
             # The "kubernetes" Service would point at 127.0.0.1, which the reconciler refuses.
             "--endpoint-reconciler-type=none",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1"]
+            f"--cert-dir={self.workdir / 'apiserver-certs'}", "--v=1",
+            # A stopped server waits this long for open watches, not its default 20 s.
+            "--shutdown-watch-termination-grace-period=2s"]
         self._spawn("kube-apiserver", self._apiserver_args)
         self._wait_apiserver(pki)
         self.kubeconfig = self.workdir / "kubeconfig"

@@ -193,7 +193,7 @@ def test_apiserver_restart_is_recovered_through_the_watches(cluster, namespace, 
     took = time.monotonic() - back
     print(f"\n[faults] apiserver restart: converged {took:.1f} s after it was back")
     assert op.alive and op.proc.pid == pid, "the operator restarted\n" + op.tail()
-    assert took < 45
+    assert took < 30
 
 
 def test_an_etcd_pause_does_not_crash_the_operator(cluster, namespace, operators, tmp_path):

@@ -7,7 +7,11 @@ import json
 import threading
 
 from longctx_engine import contract
+from longctx_engine.roles import serving_plan
 from longctx_operator.cache import Reflector, Store
+from longctx_operator.desired import desired_objects
+from longctx_operator.reconcile import matches
+from tests.contract.variants import spec_with
 
 KIND = contract.KIND_BY_NAME["StatefulSet"]
 
@@ -48,9 +52,30 @@ def test_a_listed_crd_is_kept_without_its_schema():
                                       "message": "the initial names have been accepted"}]}}
     store.replace(None, [crd])
     kept = store.get("", "podmonitors.monitoring.coreos.com")
-    assert kept == {"kind": "CustomResourceDefinition", "metadata": {
+    assert kept == {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                    "metadata": {
         "name": "podmonitors.monitoring.coreos.com", "resourceVersion": "7"},
         "status": {"conditions": [{"type": "Established", "status": "True"}]}}
+
+
+def test_a_relisted_child_matches_what_the_operator_applied():
+    """A list's items carry no apiVersion or kind. Stored without them, every child read
+    back after a relist differed from its desired object in apiVersion, so each reconcile
+    re-applied all of them (no-op applies, which keep the resourceVersion and so never
+    replaced the stored copy) until something else changed them."""
+    cr = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+          "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
+    desired = desired_objects(cr, serving_plan(spec_with()), with_pod_monitor=False)
+    stores = {k.kind: Store(k, (None,)) for k in contract.CACHED_KINDS}
+    for kind, store in stores.items():
+        items = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")}
+                 for o in desired if o["kind"] == kind]
+        store.replace(None, [{**o, "metadata": {**o["metadata"], "resourceVersion": "5"}}
+                             for o in items])
+    for o in desired:
+        live = stores[o["kind"]].get("llm", o["metadata"]["name"])
+        assert live is not None and matches(o, live), f"{o['kind']}/{o['metadata']['name']}"
+    assert len(desired) >= 12
 
 
 def test_a_relabelled_object_moves_between_instances_and_a_removed_one_leaves():
