@@ -3,6 +3,7 @@ against it, and a fresh namespace per test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -157,8 +158,8 @@ def operator(cluster: Cluster) -> Iterator[Any]:
     assert runner.exit_code == 0, runner.output[-3000:]
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+@contextlib.contextmanager
+def _test_namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("apply", "-f", "-", input=model_volume(name))  # the example's PVC
@@ -167,3 +168,16 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("delete", "lcd", "--all", "-n", name, "--wait=false", check=False)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
     cluster.kubectl("delete", "persistentvolume", f"models-{name}", "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    with _test_namespace(cluster) as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def dry_run_namespace(cluster: Cluster) -> Iterator[str]:
+    """One namespace for a module's server-side dry runs, which leave nothing in it."""
+    with _test_namespace(cluster) as name:
+        yield name

@@ -35,32 +35,33 @@ def seed_cr(name: str, edit) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_each_rule_rejects_its_bad_case_with_the_offline_message(cluster, namespace, case):
+def test_each_rule_rejects_its_bad_case_with_the_offline_message(cluster, dry_run_namespace,
+                                                                 case):
     """The same rule, the same case, the same words as `longctx plan` offline."""
-    proc = cluster.apply(seed_cr("bad", case[1]), namespace, "--dry-run=server")
+    proc = cluster.apply(seed_cr("bad", case[1]), dry_run_namespace, "--dry-run=server")
     assert proc.returncode != 0, "the API server accepted an invalid spec"
     path, _, message = expected_message(case).partition(": ")
     assert f"{path}: Invalid value" in proc.stderr, proc.stderr
     assert message in proc.stderr, proc.stderr
 
 
-def test_schema_rejects_a_malformed_quantity(cluster, namespace):
+def test_schema_rejects_a_malformed_quantity(cluster, dry_run_namespace):
     cr = example_cr("bad")
     set_path(cr, "decode.cpuOffloadPerRank", "16 gigs")
-    proc = cluster.apply(cr, namespace, "--dry-run=server")
+    proc = cluster.apply(cr, dry_run_namespace, "--dry-run=server")
     assert proc.returncode != 0 and "spec.decode.cpuOffloadPerRank" in proc.stderr, proc.stderr
 
 
-def test_name_rule_rejects_a_long_name_with_the_offline_message(cluster, namespace):
+def test_name_rule_rejects_a_long_name_with_the_offline_message(cluster, dry_run_namespace):
     name = "n" * (api.MAX_NAME_LENGTH + 1)
-    proc = cluster.apply(example_cr(name), namespace, "--dry-run=server")
+    proc = cluster.apply(example_cr(name), dry_run_namespace, "--dry-run=server")
     assert proc.returncode != 0
     assert rules.name_problem(name) in proc.stderr, proc.stderr
-    assert cluster.get("lcd", "bad", namespace) is None
+    assert cluster.get("lcd", "bad", dry_run_namespace) is None
 
 
-def test_the_example_itself_is_accepted(cluster, namespace):
-    proc = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f",
+def test_the_example_itself_is_accepted(cluster, dry_run_namespace):
+    proc = cluster.kubectl("apply", "--dry-run=server", "-n", dry_run_namespace, "-f",
                            "examples/glm-5.3-1m.yaml")
     assert proc.returncode == 0, proc.stderr
 

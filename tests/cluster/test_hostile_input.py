@@ -6,9 +6,8 @@ StatefulSets keep their generation. docs/reliability.md's table is generated fro
 from __future__ import annotations
 
 import copy
-import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -192,15 +191,6 @@ PLANNER_CASES = [c for c in CASES if c.stage == PLANNER]
 
 
 RULE_CASES = {f"rule-{c[0]}": c for c in test_rules.CASES}
-
-
-@pytest.fixture(scope="module")
-def dry_run_namespace(cluster) -> Iterator[str]:
-    """One namespace for every server-side dry run: nothing is stored in it."""
-    name = f"hostile-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.mark.parametrize("case", APPLY_CASES, ids=[c.id for c in APPLY_CASES])
