@@ -202,9 +202,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = int(os.environ.get("LONGCTX_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.networking.request_timeout = 60
-    # Kopf's watch of the CRs retries a refused request with delays growing to 21 s, then
-    # gives up: an API server restarted in 30 s was seen 13 s late, and one down for a
-    # minute ended the watch. The same cap as the caches' relists, for five minutes.
+    # Kopf's watch of the CRs retries a refused request with delays growing to 21 s (and
+    # starts over after the eighth): an API server back from a restart was seen up to 21 s
+    # late. The same cap as the caches' relists.
     settings.networking.error_backoffs = (1, 1, 2, 3) + (RELIST_BACKOFF_CAP,) * 60
     State.queue = WorkQueue(int(os.environ.get("LONGCTX_WORKERS", "2")))
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
