@@ -33,6 +33,7 @@ from pathlib import Path
 import kubernetes
 import urllib3
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
@@ -154,14 +155,14 @@ def api_requests(kube: Kube) -> dict[tuple[str, str], float]:
     with kube.stream("/metrics", [], 30, accept="text/plain") as response:
         text = response.read().decode()
     out: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
-        resource = labels["resource"].strip('"') + ("/" + labels["subresource"].strip('"')
-                                                    if labels["subresource"] != '""' else "")
-        key = (resource, labels["verb"].strip('"'))
-        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels["resource"] + (f"/{labels['subresource']}" if labels["subresource"] else "")
+            key = (resource, labels["verb"])
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -269,10 +270,10 @@ def main() -> int:
         rows += [(f"CPU of {name} until all Ready", f"{used:.1f} s",
                   f"{100 * used / busy:.0f}% of one core")
                  for name, used in sorted(cpu.items(), key=lambda kv: -kv[1])]
-        cores = len(os.sched_getaffinity(0))
-        rows.append((f"all of that CPU over the {cores} cores", f"{sum(cpu.values()) / cores:.1f} s",
+        cores, all_cpu = len(os.sched_getaffinity(0)), sum(cpu.values())
+        rows.append((f"all of that CPU over the {cores} cores", f"{all_cpu / cores:.1f} s",
                      "the shortest this burst could last on this machine; the operator's share "
-                     f"{100 * cpu['operator'] / sum(cpu.values()):.0f}%"))
+                     f"{100 * cpu['operator'] / all_cpu:.0f}%"))
         busiest = sorted(((k, v) for k, v in requests.items() if v >= args.crs / 2), key=lambda kv: -kv[1])
         rows += [(f"API requests per CR: {verb} {resource}", f"{count / args.crs:.2f}",
                   "until all Ready, every client")
