@@ -360,7 +360,9 @@ def sparse_mla_decode_cuda(
 
 
 WGMMA_HEADS = 64  # heads a CTA of the wgmma kernel
-WGMMA_TILE = 32  # tokens a tile of the wgmma kernel
+WGMMA_TILE = 64  # tokens a tile of the wgmma kernel
+WGMMA_THREADS = 384  # its two consumer warpgroups and the producer
+WGMMA_MIN_SLICE = 128  # tokens a slice at least: the prologue (q into shared memory) is not worth fewer
 
 
 def sparse_mla_decode_wgmma(
@@ -399,7 +401,7 @@ def sparse_mla_decode_wgmma(
     kernel = load("sparse_mla_wgmma.cu", "sparse_mla_wgmma", q.device.index, (("SPARSE_MLA_SPLITS", num_splits),),
                   arch_suffix="a")
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    kernel.launch((num_splits, batch, head_blocks), 256, [
+    kernel.launch((num_splits, batch, head_blocks), WGMMA_THREADS, [
         (q.data_ptr(), ptr), (cache.data_ptr(), ptr), (topk_slots.data_ptr(), ptr), (out.data_ptr(), ptr),
         (out_lse.data_ptr(), ptr), (batch, i32), (heads, i32), (k, i32), (k_per_split, i32),
         (sm_scale / math.log(2.0), f32)], torch.cuda.current_stream(q.device).cuda_stream, programmatic=True)
@@ -409,8 +411,8 @@ def sparse_mla_decode_wgmma(
 def _wgmma_splits(ctas: int, k: int, sms: int) -> int:
     """Slices of the top-k list for the wgmma kernel (one CTA an SM): the largest power of two
     that fills the SMs once (B=64 on 132 SMs: 2), at most 8 (a portable cluster), and at least
-    4 tiles a slice."""
-    fit = max(1, min(8, sms // max(ctas, 1), k // (4 * WGMMA_TILE)))
+    WGMMA_MIN_SLICE tokens a slice."""
+    fit = max(1, min(8, sms // max(ctas, 1), k // WGMMA_MIN_SLICE))
     return 1 << (fit.bit_length() - 1)
 
 

@@ -72,8 +72,8 @@ def test_cuda_slice_count_follows_what_the_gpu_holds():
 @pytest.mark.parametrize("ctas,k,splits", [(64, 2048, 2), (1, 2048, 8), (132, 2048, 1), (128, 2048, 1), (2, 300, 2),
                                           (1, 100, 1), (40, 2048, 2), (20, 2048, 4)])
 def test_wgmma_kernel_slices_fill_the_gpu_once(ctas, k, splits):
-    # 132 SMs, one CTA each: B=64 takes 2 slices; a lone request at most 8; every slice >= 4 tiles
-    # of 32; a power of two (a CTA of the cluster merges 512 / slices columns): 40 requests 2, not 3.
+    # 132 SMs, one CTA each: B=64 takes 2 slices; a lone request at most 8; every slice >= 128
+    # tokens; a power of two (a CTA of the cluster merges 512 / slices columns): 40 requests 2, not 3.
     assert _wgmma_splits(ctas, k, 132) == splits
 
 
