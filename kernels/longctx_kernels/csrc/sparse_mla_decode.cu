@@ -137,6 +137,7 @@ struct Shared {
 };
 
 #include "barriers.cuh"
+#include "numeric.cuh"
 
 // d (+)= a * b, m16n8k16, fp32 accumulators; fp16 or bf16 operands.
 __device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
@@ -155,53 +156,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Two e4m3 values (the low or high half of v) -> fp16x2, exact.
-__device__ __forceinline__ unsigned e4m3x2_lo(unsigned v) {
-  unsigned out;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(v));
-  return out;
-}
-
-__device__ __forceinline__ unsigned e4m3x2_hi(unsigned v) {
-  unsigned out;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(v));
-  return out;
-}
-
-__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned selector) {
-  unsigned out;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
-  return out;
-}
-
 // 32 bytes of shared memory (16-B aligned) as 8 words, by two 16-B loads.
 __device__ __forceinline__ void load32(const unsigned char* p, unsigned (&w)[8]) {
   const uint4 lo = *reinterpret_cast<const uint4*>(p), hi = *reinterpret_cast<const uint4*>(p + 16);
   w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
-}
-
-// 2^x, -inf -> 0: the bare MUFU instruction (exp2f adds a fix-up for inputs below -126, where the
-// probabilities are 0 for fp16 anyway).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
-  unsigned out;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-}
-
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  unsigned out;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-}
-
-__device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
-  return pack_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 __device__ __forceinline__ void cluster_store4(unsigned addr, float a, float b, float c, float d) {
@@ -366,12 +324,6 @@ __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __
 // heads of its scores: rescaling needs no shuffle.
 
 #include "wgmma.cuh"
-
-// Byte offset of 16-B chunk `chunk` (elements 8 chunk .. + 7) of row `row` in a K-major operand of
-// `rows` rows: 64-element blocks of rows x 128 B, the chunk index XOR the row's low 3 bits.
-__device__ __forceinline__ int swizzled(int rows, int row, int chunk) {
-  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
 
 // wgmma descriptor of a K-major, 128-byte-swizzled operand at `addr`: 8-row groups 1024 B apart.
 __device__ __forceinline__ unsigned long long operand(unsigned addr) {

@@ -71,10 +71,8 @@ static_assert(sizeof(MergeIn) <= kQBytes + kStages * kRawBytes, "merge fits");
 
 #include "barriers.cuh"
 #include "wgmma.cuh"
+#include "numeric.cuh"
 
-__device__ __forceinline__ int swizzled(int rows, int row, int chunk) {
-  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
 __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lead, unsigned stride) {
   return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(lead >> 4) << 16) |
          (static_cast<unsigned long long>(stride >> 4) << 32) | (1ull << 62);
@@ -82,48 +80,9 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned
 __device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
   return (desc & 0xffffffff00000000ull) | (static_cast<unsigned>(desc) + (bytes >> 4));
 }
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float log2_approx(float x) {
-  float y;
-  asm("lg2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ unsigned f16x2(float lo, float hi) {
-  unsigned out;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-}
-__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
-  unsigned out;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-}
-__device__ __forceinline__ unsigned f16x2_from_bf16x2(unsigned v) {
-  return f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-// The low (high) two e4m3 of v -> f16x2, exactly.
-__device__ __forceinline__ unsigned e4m3x2_lo(unsigned v) {
-  unsigned h;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h) : "r"(v));
-  return h;
-}
-__device__ __forceinline__ unsigned e4m3x2_hi(unsigned v) {
-  unsigned h;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(h) : "r"(v));
-  return h;
-}
 __device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
   unsigned out;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-  unsigned out;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(out) : "r"(a), "r"(b), "r"(sel));
   return out;
 }
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
@@ -273,15 +232,15 @@ __device__ __forceinline__ void pv(float (&o)[4][32], unsigned raw, unsigned pt,
         const int t = t0 + (u & 1) + 8 * (u >> 1);
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v[u]) : "r"(raw + t * kRowBytes + 512 + 4 * group));
       }
-      sc[0] = f16x2(v[0], v[1]);
-      sc[1] = f16x2(v[2], v[3]);
+      sc[0] = pack_f16x2(v[0], v[1]);
+      sc[1] = pack_f16x2(v[2], v[3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // tokens t0, t0 + 1 (h = 0) or t0 + 8, t0 + 9
       const uint2 lo = x[2 * h], hi = x[2 * h + 1];
       // pairs (token t, t + 1) of dims 0..7
-      const unsigned p01 = prmt(lo.x, hi.x, 0x5140), p23 = prmt(lo.x, hi.x, 0x7362);
-      const unsigned p45 = prmt(lo.y, hi.y, 0x5140), p67 = prmt(lo.y, hi.y, 0x7362);
+      const unsigned p01 = byte_perm(lo.x, hi.x, 0x5140), p23 = byte_perm(lo.x, hi.x, 0x7362);
+      const unsigned p45 = byte_perm(lo.y, hi.y, 0x5140), p67 = byte_perm(lo.y, hi.y, 0x7362);
       const unsigned d0 = hmul2(e4m3x2_lo(p01), sc[h]), d1 = hmul2(e4m3x2_hi(p01), sc[h]);
       const unsigned d2 = hmul2(e4m3x2_lo(p23), sc[h]), d3 = hmul2(e4m3x2_hi(p23), sc[h]);
       const unsigned d4 = hmul2(e4m3x2_lo(p45), sc[h]), d5 = hmul2(e4m3x2_hi(p45), sc[h]);
@@ -338,8 +297,8 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     const unsigned base = smem_addr(sh.q);
     if (j < 32) {
       uint4 v0 = ok ? src[2 * j] : make_uint4(0u, 0u, 0u, 0u), v1 = ok ? src[2 * j + 1] : make_uint4(0u, 0u, 0u, 0u);
-      store_shared(base + swizzled(kHeads, r, 2 * j), make_uint4(f16x2_from_bf16x2(v0.x), f16x2_from_bf16x2(v0.z), f16x2_from_bf16x2(v1.x), f16x2_from_bf16x2(v1.z)));
-      store_shared(base + swizzled(kHeads, r, 2 * j + 1), make_uint4(f16x2_from_bf16x2(v0.y), f16x2_from_bf16x2(v0.w), f16x2_from_bf16x2(v1.y), f16x2_from_bf16x2(v1.w)));
+      store_shared(base + swizzled(kHeads, r, 2 * j), make_uint4(bf16x2_to_f16x2(v0.x), bf16x2_to_f16x2(v0.z), bf16x2_to_f16x2(v1.x), bf16x2_to_f16x2(v1.z)));
+      store_shared(base + swizzled(kHeads, r, 2 * j + 1), make_uint4(bf16x2_to_f16x2(v0.y), bf16x2_to_f16x2(v0.w), bf16x2_to_f16x2(v1.y), bf16x2_to_f16x2(v1.w)));
     } else {
       const int c = 64 + 2 * (j - 32);
       store_shared(base + swizzled(kHeads, r, c), ok ? src[c] : make_uint4(0u, 0u, 0u, 0u));
@@ -511,8 +470,8 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
         for (int k = 0; k < 4; ++k) {
           const int mi = lane >> 3, ri = lane & 7;
           const int h = 8 * (2 * k + (mi >> 1)) + ri;
-          stmatrix_x4_trans(pt + swizzled(kHeads, h, 2 * warp + (mi & 1)), f16x2(d[8 * k], d[8 * k + 1]), f16x2(d[8 * k + 2], d[8 * k + 3]),
-                            f16x2(d[8 * k + 4], d[8 * k + 5]), f16x2(d[8 * k + 6], d[8 * k + 7]));
+          stmatrix_x4_trans(pt + swizzled(kHeads, h, 2 * warp + (mi & 1)), pack_f16x2(d[8 * k], d[8 * k + 1]), pack_f16x2(d[8 * k + 2], d[8 * k + 3]),
+                            pack_f16x2(d[8 * k + 4], d[8 * k + 5]), pack_f16x2(d[8 * k + 6], d[8 * k + 7]));
         }
         fence_async_shared();
         bar_arrive(kReady + role, 2 * kGroupThreads);
@@ -547,10 +506,10 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       const long long at = static_cast<long long>(b) * H + head0 + h;
       const float lf = total(h), inv = lf > 0.f ? 1.f / lf : 0.f;
       uint4 v;
-      v.x = bf16x2(o[0][4 * j + x] * inv, o[0][4 * j + 2 + x] * inv);
-      v.y = bf16x2(o[1][4 * j + x] * inv, o[1][4 * j + 2 + x] * inv);
-      v.z = bf16x2(o[2][4 * j + x] * inv, o[2][4 * j + 2 + x] * inv);
-      v.w = bf16x2(o[3][4 * j + x] * inv, o[3][4 * j + 2 + x] * inv);
+      v.x = pack_bf16x2(o[0][4 * j + x] * inv, o[0][4 * j + 2 + x] * inv);
+      v.y = pack_bf16x2(o[1][4 * j + x] * inv, o[1][4 * j + 2 + x] * inv);
+      v.z = pack_bf16x2(o[2][4 * j + x] * inv, o[2][4 * j + 2 + x] * inv);
+      v.w = pack_bf16x2(o[3][4 * j + x] * inv, o[3][4 * j + 2 + x] * inv);
       *reinterpret_cast<uint4*>(out + (at * 512 + dim0) / 2) = v;
       if (role == 0 && warp == 0 && lane < 4) out_lse[at] = lse_of(sh.m_ref[h], lf);
     }
@@ -588,7 +547,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     }
     const long long at = static_cast<long long>(b) * H + head0 + h;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    out[(at * 512 + split * kCols + c) / 2] = bf16x2(o0 * inv, o1 * inv);
+    out[(at * 512 + split * kCols + c) / 2] = pack_bf16x2(o0 * inv, o1 * inv);
     if (split == 0 && c == 0) out_lse[at] = lse_of(top, sum);
   }
 #endif

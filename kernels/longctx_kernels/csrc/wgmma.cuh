@@ -17,3 +17,9 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+
+// Byte offset of 16-B chunk `chunk` (elements 8 chunk .. + 7) of row `row` in a K-major operand of
+// `rows` rows: 64-element blocks of rows x 128 B, the chunk index XOR the row's low 3 bits.
+__device__ __forceinline__ int swizzled(int rows, int row, int chunk) {
+  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
