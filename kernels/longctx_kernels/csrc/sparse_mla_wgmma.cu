@@ -224,16 +224,24 @@ __device__ __forceinline__ void pv(float (&o)[4][32], unsigned raw, unsigned pt,
     uint2 x[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) x[u] = load_shared_u2(raw + (t0 + (u & 1) + 8 * (u >> 1)) * kRowBytes + dim0);
-    unsigned sc[2];
+    // Each token's group scale as mantissa x power of two, both exact in f16 (a small scale
+    // would lose its bits as an f16 subnormal): the key is (k8 x mantissa) x 2^e, rounded once
+    // unless the product itself is subnormal.
+    unsigned mant[2], pow2[2];
     {
-      float v[4];
+      float m[4], e[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int t = t0 + (u & 1) + 8 * (u >> 1);
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v[u]) : "r"(raw + t * kRowBytes + 512 + 4 * group));
+        unsigned bits;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(bits) : "r"(raw + t * kRowBytes + 512 + 4 * group));
+        m[u] = __uint_as_float((bits & 0x807fffffu) | 0x3f800000u);
+        e[u] = __uint_as_float(bits & 0x7f800000u);
       }
-      sc[0] = pack_f16x2(v[0], v[1]);
-      sc[1] = pack_f16x2(v[2], v[3]);
+      mant[0] = pack_f16x2(m[0], m[1]);
+      mant[1] = pack_f16x2(m[2], m[3]);
+      pow2[0] = pack_f16x2(e[0], e[1]);
+      pow2[1] = pack_f16x2(e[2], e[3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // tokens t0, t0 + 1 (h = 0) or t0 + 8, t0 + 9
@@ -241,10 +249,10 @@ __device__ __forceinline__ void pv(float (&o)[4][32], unsigned raw, unsigned pt,
       // pairs (token t, t + 1) of dims 0..7
       const unsigned p01 = byte_perm(lo.x, hi.x, 0x5140), p23 = byte_perm(lo.x, hi.x, 0x7362);
       const unsigned p45 = byte_perm(lo.y, hi.y, 0x5140), p67 = byte_perm(lo.y, hi.y, 0x7362);
-      const unsigned d0 = hmul2(e4m3x2_lo(p01), sc[h]), d1 = hmul2(e4m3x2_hi(p01), sc[h]);
-      const unsigned d2 = hmul2(e4m3x2_lo(p23), sc[h]), d3 = hmul2(e4m3x2_hi(p23), sc[h]);
-      const unsigned d4 = hmul2(e4m3x2_lo(p45), sc[h]), d5 = hmul2(e4m3x2_hi(p45), sc[h]);
-      const unsigned d6 = hmul2(e4m3x2_lo(p67), sc[h]), d7 = hmul2(e4m3x2_hi(p67), sc[h]);
+      const unsigned d0 = hmul2(hmul2(e4m3x2_lo(p01), mant[h]), pow2[h]), d1 = hmul2(hmul2(e4m3x2_hi(p01), mant[h]), pow2[h]);
+      const unsigned d2 = hmul2(hmul2(e4m3x2_lo(p23), mant[h]), pow2[h]), d3 = hmul2(hmul2(e4m3x2_hi(p23), mant[h]), pow2[h]);
+      const unsigned d4 = hmul2(hmul2(e4m3x2_lo(p45), mant[h]), pow2[h]), d5 = hmul2(hmul2(e4m3x2_hi(p45), mant[h]), pow2[h]);
+      const unsigned d6 = hmul2(hmul2(e4m3x2_lo(p67), mant[h]), pow2[h]), d7 = hmul2(hmul2(e4m3x2_hi(p67), mant[h]), pow2[h]);
       // m-tile m: a[0] = (dim 2m, tokens t0, t0+1), a[1] = (dim 2m+1, ...), a[2], a[3] the same at t0 + 8.
       f[0][2 * h] = d0;
       f[0][2 * h + 1] = d1;
