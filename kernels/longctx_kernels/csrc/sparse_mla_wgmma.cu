@@ -17,7 +17,8 @@
 //     keys scaled into f16 would move the lse by up to 6e-5.
 //   O^T [256 dims x 64 heads] += V^T P^T, in each consumer warpgroup: A = V^T built in registers
 //     from the same rows (byte pairs of two tokens by prmt, e4m3 -> f16, times the token's group
-//     scale in f16), B = P^T, which the tile's owner stores transposed by stmatrix.
+//     scale as an f16 mantissa and an f16 power of two), B = P^T, which the tile's owner stores
+//     transposed by stmatrix.
 // Warpgroup 2, the producer, copies each tile's rows by 16-B cp.async into a ring of three stages.
 // Warpgroups 0 and 1 take the tiles in turn: the owner of a tile computes S^T and the softmax and
 // hands P^T and the running max over; both add the tile to their half of O^T (dims 0-255 and
