@@ -533,32 +533,34 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
                    "f"(o[1][4 * j + x]), "f"(o[1][4 * j + 2 + x]) : "memory");
       asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + 16), "f"(o[2][4 * j + x]), "f"(o[2][4 * j + 2 + x]),
                    "f"(o[3][4 * j + x]), "f"(o[3][4 * j + 2 + x]) : "memory");
-      if (role == 0 && warp == 0 && lane < 4)
+      if (role == 0 && warp == 0 && lane < 4) {
+        const float mh = sh.m_ref[h], lh = total(h);
         for (int c = 0; c < kSplits; ++c) {
-          cluster_store(cluster_addr(&in.m[split][h], c), sh.m_ref[h]);
-          cluster_store(cluster_addr(&in.l[split][h], c), total(h));
+          cluster_store(cluster_addr(&in.m[split][h], c), mh);
+          cluster_store(cluster_addr(&in.l[split][h], c), lh);
         }
+      }
     }
     cluster_sync();
     for (int e = tid; e < kHeads * kCols / 2; e += 2 * kGroupThreads) {  // the consumers' threads
-    const int h = e / (kCols / 2), c = 2 * (e % (kCols / 2));
-    if (head0 + h >= H) continue;
-    float top = kNoMax;
-#pragma unroll
-    for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][h]);
-    float sum = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-    for (int p = 0; p < kSplits; ++p) {
-      const float w = exp2_approx(in.m[p][h] - top);
-      sum += w * in.l[p][h];
-      o0 += w * in.o[p][h][c];
-      o1 += w * in.o[p][h][c + 1];
+      const int h = e / (kCols / 2), c = 2 * (e % (kCols / 2));
+      if (head0 + h >= H) continue;
+      float top = kNoMax;
+  #pragma unroll
+      for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][h]);
+      float sum = 0.f, o0 = 0.f, o1 = 0.f;
+  #pragma unroll
+      for (int p = 0; p < kSplits; ++p) {
+        const float w = exp2_approx(in.m[p][h] - top);
+        sum += w * in.l[p][h];
+        o0 += w * in.o[p][h][c];
+        o1 += w * in.o[p][h][c + 1];
+      }
+      const long long at = static_cast<long long>(b) * H + head0 + h;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      out[(at * 512 + split * kCols + c) / 2] = pack_bf16x2(o0 * inv, o1 * inv);
+      if (split == 0 && c == 0) out_lse[at] = lse_of(top, sum);
     }
-    const long long at = static_cast<long long>(b) * H + head0 + h;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    out[(at * 512 + split * kCols + c) / 2] = pack_bf16x2(o0 * inv, o1 * inv);
-    if (split == 0 && c == 0) out_lse[at] = lse_of(top, sum);
-  }
 #endif
   }
 }
