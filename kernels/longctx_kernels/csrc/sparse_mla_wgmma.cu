@@ -69,6 +69,7 @@ struct MergeIn {
   float l[kSplits][kHeads];
 };
 static_assert(sizeof(MergeIn) <= kQBytes + kStages * kRawBytes, "merge fits");
+static_assert(kSplits * kHeads <= 2 * 4 * kHeads, "the merge weights fit in tmax");
 
 #include "barriers.cuh"
 #include "wgmma.cuh"
@@ -137,6 +138,36 @@ __device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const unsigned (&a
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " REGS32
                ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
                : ACC32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// q as S^T's B operand, by the consumers' 256 threads (every load in flight before the first
+// store): the latent in f16, each 16-dim step's columns in the order the e4m3 rows reach the A
+// operand (dims 0,1,4,5,8,9,12,13 then 2,3,6,7,...); the rope bf16 as it is.
+__device__ __forceinline__ void stage_q(unsigned base, const unsigned short* q, int b, int H, int head0, int t) {
+  constexpr int kSteps = 36;  // 16-dim steps of a head's 576
+  constexpr int kItems = kHeads * kSteps / (2 * kGroupThreads);
+  static_assert(kItems * 2 * kGroupThreads == kHeads * kSteps, "whole steps a thread");
+  uint4 v[kItems][2];
+#pragma unroll
+  for (int n = 0; n < kItems; ++n) {
+    const int i = t + n * 2 * kGroupThreads, r = i / kSteps, j = i % kSteps;
+    const bool ok = head0 + r < H;
+    const uint4* src = reinterpret_cast<const uint4*>(q + (static_cast<long long>(b) * H + (ok ? head0 + r : 0)) * 576) + 2 * j;
+    v[n][0] = ok ? src[0] : make_uint4(0u, 0u, 0u, 0u);
+    v[n][1] = ok ? src[1] : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int n = 0; n < kItems; ++n) {
+    const int i = t + n * 2 * kGroupThreads, r = i / kSteps, j = i % kSteps;
+    const uint4 v0 = v[n][0], v1 = v[n][1];
+    if (j < 32) {
+      store_shared(base + swizzled(kHeads, r, 2 * j), make_uint4(bf16x2_to_f16x2(v0.x), bf16x2_to_f16x2(v0.z), bf16x2_to_f16x2(v1.x), bf16x2_to_f16x2(v1.z)));
+      store_shared(base + swizzled(kHeads, r, 2 * j + 1), make_uint4(bf16x2_to_f16x2(v0.y), bf16x2_to_f16x2(v0.w), bf16x2_to_f16x2(v1.y), bf16x2_to_f16x2(v1.w)));
+    } else {
+      store_shared(base + swizzled(kHeads, r, 2 * j), v0);
+      store_shared(base + swizzled(kHeads, r, 2 * j + 1), v1);
+    }
+  }
 }
 
 // The four group scales of this thread's rows of a tile (S^T's M): 16 warp + lane / 4 and + 8.
@@ -296,26 +327,8 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     }
   }
   if (tid < kHeads) sh.m_ref[tid] = kNoMax;
+  __syncthreads();  // the ring's barriers initialized
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // q as S^T's B operand: the latent in f16, each 16-dim step's columns in the order the e4m3 rows
-  // reach the A operand (dims 0,1,4,5,8,9,12,13 then 2,3,6,7,...); the rope bf16 as it is.
-  for (int i = tid; i < kHeads * 36; i += kThreads) {
-    const int r = i / 36, j = i % 36;
-    const bool ok = head0 + r < H;
-    const uint4* src = reinterpret_cast<const uint4*>(q + (static_cast<long long>(b) * H + (ok ? head0 + r : 0)) * 576);
-    const unsigned base = smem_addr(sh.q);
-    if (j < 32) {
-      uint4 v0 = ok ? src[2 * j] : make_uint4(0u, 0u, 0u, 0u), v1 = ok ? src[2 * j + 1] : make_uint4(0u, 0u, 0u, 0u);
-      store_shared(base + swizzled(kHeads, r, 2 * j), make_uint4(bf16x2_to_f16x2(v0.x), bf16x2_to_f16x2(v0.z), bf16x2_to_f16x2(v1.x), bf16x2_to_f16x2(v1.z)));
-      store_shared(base + swizzled(kHeads, r, 2 * j + 1), make_uint4(bf16x2_to_f16x2(v0.y), bf16x2_to_f16x2(v0.w), bf16x2_to_f16x2(v1.y), bf16x2_to_f16x2(v1.w)));
-    } else {
-      const int c = 64 + 2 * (j - 32);
-      store_shared(base + swizzled(kHeads, r, c), ok ? src[c] : make_uint4(0u, 0u, 0u, 0u));
-      store_shared(base + swizzled(kHeads, r, c + 1), ok ? src[c + 1] : make_uint4(0u, 0u, 0u, 0u));
-    }
-  }
-  fence_async_shared();
-  __syncthreads();
 
   if (role == 2) {
     // The producer: each tile's rows by 16-B cp.async into the ring, a warp a row.
@@ -353,6 +366,10 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    // q into shared memory while the producer's first tiles are on their way.
+    stage_q(smem_addr(sh.q), q, b, H, head0, tid);
+    fence_async_shared();
+    bar_sync(kConsumers, 2 * kGroupThreads);
     const int k_begin = split * k_per_split, k_end = min(K, k_begin + k_per_split);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
     const int other = role ^ 1, qq = lane & 3;
@@ -542,24 +559,39 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       }
     }
     cluster_sync();
-    for (int e = tid; e < kHeads * kCols / 2; e += 2 * kGroupThreads) {  // the consumers' threads
-      const int h = e / (kCols / 2), c = 2 * (e % (kCols / 2));
-      if (head0 + h >= H) continue;
+    // Each slice's weight for each head, 2^(m_p - top) / sum, and the head's lse, once.
+    float (&weight)[kSplits][kHeads] = *reinterpret_cast<float (*)[kSplits][kHeads]>(&sh.tmax);
+    if (tid < kHeads) {
       float top = kNoMax;
-  #pragma unroll
-      for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][h]);
-      float sum = 0.f, o0 = 0.f, o1 = 0.f;
-  #pragma unroll
+#pragma unroll
+      for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][tid]);
+      float sum = 0.f, w[kSplits];
+#pragma unroll
       for (int p = 0; p < kSplits; ++p) {
-        const float w = exp2_approx(in.m[p][h] - top);
-        sum += w * in.l[p][h];
-        o0 += w * in.o[p][h][c];
-        o1 += w * in.o[p][h][c + 1];
+        w[p] = exp2_approx(in.m[p][tid] - top);
+        sum += w[p] * in.l[p][tid];
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int p = 0; p < kSplits; ++p) weight[p][tid] = w[p] * inv;
+      if (split == 0 && head0 + tid < H) out_lse[static_cast<long long>(b) * H + head0 + tid] = lse_of(top, sum);
+    }
+    bar_sync(kConsumers, 2 * kGroupThreads);
+    for (int e = tid; e < kHeads * kCols / 4; e += 2 * kGroupThreads) {
+      const int h = e / (kCols / 4), c = 4 * (e % (kCols / 4));
+      if (head0 + h >= H) continue;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int p = 0; p < kSplits; ++p) {
+        const float w = weight[p][h];
+        const float4 x = *reinterpret_cast<const float4*>(&in.o[p][h][c]);
+        acc.x += w * x.x;
+        acc.y += w * x.y;
+        acc.z += w * x.z;
+        acc.w += w * x.w;
       }
       const long long at = static_cast<long long>(b) * H + head0 + h;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      out[(at * 512 + split * kCols + c) / 2] = pack_bf16x2(o0 * inv, o1 * inv);
-      if (split == 0 && c == 0) out_lse[at] = lse_of(top, sum);
+      *reinterpret_cast<uint2*>(out + (at * 512 + split * kCols + c) / 2) = make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
     }
 #endif
   }
