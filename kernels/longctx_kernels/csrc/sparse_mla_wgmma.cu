@@ -5,7 +5,7 @@
 // [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). A request's top-k list
 // is cut into SPARSE_MLA_SPLITS slices, one CTA each (1, 2, 4 or 8: one thread-block cluster),
 // which merge their outputs through distributed shared memory at the end (no second kernel, and
-// no bf16 rounding of partial outputs).
+// no bf16 rounding of partial outputs; each slice's weight for a head computed once).
 //
 // Tokens are the MMAs' M, so that a tile's rows reach wgmma's A operand from registers, straight
 // from their e4m3 bytes: no bf16 or fp16 copy of a tile is ever stored in shared memory.
@@ -14,12 +14,15 @@
 //     step's columns in the order ldmatrix delivers the bytes; the rope bf16). Each latent
 //     group's partial is scaled per token, a row of S^T, in fp32 by Horner's rule
 //     (acc = P3, acc = acc s3/s2 + P2, ..., acc s0 + rope), so the scores are as exact as fp32:
-//     keys scaled into f16 would move the lse by up to 6e-5.
+//     keys scaled into f16 would move the lse by up to 6e-5. A group's two halves (4 k-steps
+//     each) take turns in two register buffers: one half's rows are read and converted while the
+//     MMAs of the half before run, so only the Horner waits are exposed.
 //   O^T [256 dims x 64 heads] += V^T P^T, in each consumer warpgroup: A = V^T built in registers
 //     from the same rows (byte pairs of two tokens by prmt, e4m3 -> f16, times the token's group
 //     scale as an f16 mantissa and an f16 power of two), B = P^T, which the tile's owner stores
 //     transposed by stmatrix.
-// Warpgroup 2, the producer, copies each tile's rows by 16-B cp.async into a ring of three stages.
+// Warpgroup 2, the producer, copies each tile's rows by 16-B cp.async into a ring of three stages,
+// from the start: the consumers stage q meanwhile, all of its loads in flight at once.
 // Warpgroups 0 and 1 take the tiles in turn: the owner of a tile computes S^T and the softmax and
 // hands P^T and the running max over; both add the tile to their half of O^T (dims 0-255 and
 // 256-511). The running max of a head moves only when a tile's exceeds it by 2^8, so O is rarely
@@ -170,6 +173,15 @@ __device__ __forceinline__ void stage_q(unsigned base, const unsigned short* q, 
   }
 }
 
+// Tiles of this CTA's slice of the list, from the launch's values at each call: a register held
+// through the consumers' loop is one the loop's registers do not have.
+__device__ __forceinline__ int slice_tiles(int K, int k_per_split) {
+  unsigned split;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(split));
+  const int k_begin = split * k_per_split, k_end = min(K, k_begin + k_per_split);
+  return k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+}
+
 // The four group scales of this thread's rows of a tile (S^T's M): 16 warp + lane / 4 and + 8.
 struct RowScales {
   float s[2][4];
@@ -177,6 +189,8 @@ struct RowScales {
 
 // S^T for the tile at `raw` (shared address), this warp's 16 tokens: the four latent groups by
 // Horner's rule in fp32 (k exact in f16, each group's partial scaled per token: rows), then the rope.
+// A group is two halves of 4 k-steps in two register buffers: a half's rows are read and converted
+// while the MMAs of the one before run, so only the Horner waits are exposed.
 __device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned long long qd, int warp, int lane, const RowScales& sc) {
   const int tok = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
   const unsigned row_addr = raw + tok * kRowBytes + 16 * (lane >> 4);
@@ -185,31 +199,55 @@ __device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned lo
   for (int g = 0; g < 3; ++g)
 #pragma unroll
     for (int r = 0; r < 2; ++r) ratio[g][r] = sc.s[r][g] > 0.f ? __fdividef(sc.s[r][g + 1], sc.s[r][g]) : 0.f;
+  unsigned a[2][4][4];
+  // Half h (0-7) is k-steps 4 (h % 2) .. + 3 of group 3 - h / 2. ldmatrix gives a thread 4 bytes
+  // (dims 4c .. 4c + 3 of a 16-dim step, c = lane % 4) of a row: the low pair is the A operand's
+  // columns 2c, 2c + 1, the high pair 2c + 8, 2c + 9 (q's order).
+  auto load_half = [&](unsigned (&f)[4][4], int h) {
 #pragma unroll
-  for (int g = 3; g >= 0; --g) {
-    // ldmatrix gives a thread 4 bytes (dims 4c .. 4c + 3 of a 16-dim step, c = lane % 4) of a row:
-    // the low pair is the A operand's columns 2c, 2c + 1, the high pair 2c + 8, 2c + 9 (q's order).
-    unsigned a[8][4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
+    for (int p = 0; p < 2; ++p) {
       unsigned r[4];
-      ldmatrix_x4(r, row_addr + 128 * g + 32 * p);
-      a[2 * p][0] = e4m3x2_lo(r[0]);
-      a[2 * p][2] = e4m3x2_hi(r[0]);
-      a[2 * p][1] = e4m3x2_lo(r[1]);
-      a[2 * p][3] = e4m3x2_hi(r[1]);
-      a[2 * p + 1][0] = e4m3x2_lo(r[2]);
-      a[2 * p + 1][2] = e4m3x2_hi(r[2]);
-      a[2 * p + 1][1] = e4m3x2_lo(r[3]);
-      a[2 * p + 1][3] = e4m3x2_hi(r[3]);
+      ldmatrix_x4(r, row_addr + 128 * (3 - h / 2) + 64 * (h % 2) + 32 * p);
+      f[2 * p][0] = e4m3x2_lo(r[0]);
+      f[2 * p][2] = e4m3x2_hi(r[0]);
+      f[2 * p][1] = e4m3x2_lo(r[1]);
+      f[2 * p][3] = e4m3x2_hi(r[1]);
+      f[2 * p + 1][0] = e4m3x2_lo(r[2]);
+      f[2 * p + 1][2] = e4m3x2_hi(r[2]);
+      f[2 * p + 1][1] = e4m3x2_lo(r[3]);
+      f[2 * p + 1][3] = e4m3x2_hi(r[3]);
     }
+  };
+  load_half(a[0], 0);
+#pragma unroll
+  for (int h = 0; h < 8; ++h) {
+    const int g = 3 - h / 2;
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const int step = 8 * g + ks;
-      wgmma_rs_f16(d, a[ks], advance(qd, (step >> 2) * kHeads * 128 + (step & 3) * 32), g < 3 || ks > 0);
+    for (int ks = 0; ks < 4; ++ks) {
+      const int step = 8 * g + 4 * (h % 2) + ks;
+      wgmma_rs_f16(d, a[h % 2][ks], advance(qd, (step >> 2) * kHeads * 128 + (step & 3) * 32), h > 0 || ks > 0);
     }
     wgmma_commit();
+    if (h % 2 == 0) {
+      load_half(a[1], h + 1);  // its buffer's last MMAs were waited for by the previous group's scaling
+      continue;
+    }
+    wgmma_wait<1>();  // the other buffer free: the next half's rows (or the rope's) into it
+    if (h < 7) {
+      load_half(a[0], h + 1);
+    } else {
+      // The rope: bf16 as stored, natural order; lanes 16-31 give dims 8-15 of a step.
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        unsigned r[4];
+        ldmatrix_x4(r, raw + tok * kRowBytes + 528 + 32 * ks + 16 * (lane >> 4));
+        a[0][ks][0] = r[0];
+        a[0][ks][1] = r[1];
+        a[0][ks][2] = r[2];
+        a[0][ks][3] = r[3];
+      }
+    }
     wgmma_wait<0>();
     pin(d);
     // x s_g / s_{g-1} after group g, x s_0 after the last: the chain ends at sum_g s_g P_g.
@@ -219,25 +257,12 @@ __device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned lo
       d[e] *= g > 0 ? ratio[g - 1][r] : sc.s[r][0];
     }
   }
-  {
-    unsigned a[4][4];
-    // The rope: bf16 as stored, natural order; lanes 16-31 give dims 8-15 of a step.
+  wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      unsigned r[4];
-      ldmatrix_x4(r, raw + tok * kRowBytes + 528 + 32 * ks + 16 * (lane >> 4));
-      a[ks][0] = r[0];
-      a[ks][1] = r[1];
-      a[ks][2] = r[2];
-      a[ks][3] = r[3];
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_bf16(d, a[ks], advance(qd, 8 * kHeads * 128 + ks * 32), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(d);
-  }
+  for (int ks = 0; ks < 4; ++ks) wgmma_rs_bf16(d, a[0][ks], advance(qd, 8 * kHeads * 128 + ks * 32), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin(d);
 }
 
 // O^T (this warpgroup's 256 dims x 64 heads) += V^T P^T over the tile at `raw`, P^T at `pt`.
@@ -316,7 +341,6 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
                  float scale_log2) {
   extern __shared__ unsigned char smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kHeads;
   const int tid = threadIdx.x, lane = tid & 31, role = tid >> 7, t = tid & 127, warp = t >> 5;
 
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -334,6 +358,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     // The producer: each tile's rows by 16-B cp.async into the ring, a warp a row.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     // This CTA's slice of the list (computed after setmaxnreg: nothing lives across it).
+    const int split = blockIdx.x, b = blockIdx.y;
     const int k_begin = split * k_per_split;
     const int k_end = min(K, k_begin + k_per_split);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
@@ -367,11 +392,9 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     // q into shared memory while the producer's first tiles are on their way.
-    stage_q(smem_addr(sh.q), q, b, H, head0, tid);
+    stage_q(smem_addr(sh.q), q, blockIdx.y, H, blockIdx.z * kHeads, tid);
     fence_async_shared();
     bar_sync(kConsumers, 2 * kGroupThreads);
-    const int k_begin = split * k_per_split, k_end = min(K, k_begin + k_per_split);
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
     const int other = role ^ 1, qq = lane & 3;
     float o[4][32];
 #pragma unroll
@@ -404,7 +427,9 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
         for (int e = 0; e < 16; ++e) l[e] *= sh.alpha[tile % 3][8 * (e >> 1) + 2 * qq + (e & 1)];
       }
     };
-    for (int i = role; i < n_tiles + 1; i += 2) {
+    for (int i = role;; i += 2) {
+      const int n_tiles = slice_tiles(K, k_per_split);
+      if (i > n_tiles) break;
       float d[32];
       const bool mine = i < n_tiles;
       int valid0 = 0, valid1 = 0;
@@ -506,6 +531,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       pv(o, smem_addr(sh.raw[i % kStages]), smem_addr(sh.p[i % 3]), role, warp, lane);
       if (lane == 0) mbar_arrive(&sh.empty[i % kStages]);
     }
+    const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kHeads;  // read again: not held through the loop
     // Sums over every row: the thread's, the warp's (lanes of one qq), the warps', both warpgroups'.
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
