@@ -13,7 +13,8 @@
 //     converted e4m3 -> f16 (exact); B = q in shared memory (the latent in f16, each 16-dim
 //     step's columns in the order ldmatrix delivers the bytes; the rope bf16). Each latent
 //     group's partial is scaled per token, a row of S^T, in fp32 by Horner's rule
-//     (acc = P3, acc = acc s3/s2 + P2, ..., acc s0 + rope), so the scores are as exact as fp32:
+//     (acc = rope, acc = acc / s0 + P0, acc = acc s0/s1 + P1, ..., acc s3 x the softmax scale),
+//     so the scores are as exact as fp32:
 //     keys scaled into f16 would move the lse by up to 6e-5. A group's two halves (4 k-steps
 //     each) take turns in two register buffers: one half's rows are read and converted while the
 //     MMAs of the half before run, so only the Horner waits are exposed.
@@ -187,27 +188,30 @@ struct RowScales {
   float s[2][4];
 };
 
-// S^T for the tile at `raw` (shared address), this warp's 16 tokens: the four latent groups by
-// Horner's rule in fp32 (k exact in f16, each group's partial scaled per token: rows), then the rope.
-// A group is two halves of 4 k-steps in two register buffers: a half's rows are read and converted
-// while the MMAs of the one before run, so only the Horner waits are exposed.
-__device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned long long qd, int warp, int lane, const RowScales& sc) {
+// S^T for the tile at `raw` (shared address), this warp's 16 tokens, times the softmax scale (log2):
+// the rope, then the four latent groups by Horner's rule in fp32 (k exact in f16, each group's
+// partial scaled per token: rows). A group is two halves of 4 k-steps in two register buffers: a
+// half's rows are read and converted while the MMAs of the one before run, so only the Horner waits
+// are exposed.
+__device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned long long qd, int warp, int lane, const RowScales& sc, float scale_log2) {
   const int tok = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
   const unsigned row_addr = raw + tok * kRowBytes + 16 * (lane >> 4);
-  float ratio[3][2];  // s_{g+1} / s_g per row, 0 where the row has none
+  float step_up[4][2];  // 1 / s_0, then s_g / s_{g+1}; 0 where the row has none
 #pragma unroll
-  for (int g = 0; g < 3; ++g)
+  for (int r = 0; r < 2; ++r) {
+    step_up[0][r] = sc.s[r][0] > 0.f ? __fdividef(1.f, sc.s[r][0]) : 0.f;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) ratio[g][r] = sc.s[r][g] > 0.f ? __fdividef(sc.s[r][g + 1], sc.s[r][g]) : 0.f;
+    for (int g = 0; g < 3; ++g) step_up[g + 1][r] = sc.s[r][g + 1] > 0.f ? __fdividef(sc.s[r][g], sc.s[r][g + 1]) : 0.f;
+  }
   unsigned a[2][4][4];
-  // Half h (0-7) is k-steps 4 (h % 2) .. + 3 of group 3 - h / 2. ldmatrix gives a thread 4 bytes
+  // Half h (0-7) is k-steps 4 (h % 2) .. + 3 of group h / 2. ldmatrix gives a thread 4 bytes
   // (dims 4c .. 4c + 3 of a 16-dim step, c = lane % 4) of a row: the low pair is the A operand's
   // columns 2c, 2c + 1, the high pair 2c + 8, 2c + 9 (q's order).
   auto load_half = [&](unsigned (&f)[4][4], int h) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       unsigned r[4];
-      ldmatrix_x4(r, row_addr + 128 * (3 - h / 2) + 64 * (h % 2) + 32 * p);
+      ldmatrix_x4(r, row_addr + 128 * (h / 2) + 64 * (h % 2) + 32 * p);
       f[2 * p][0] = e4m3x2_lo(r[0]);
       f[2 * p][2] = e4m3x2_hi(r[0]);
       f[2 * p][1] = e4m3x2_lo(r[1]);
@@ -218,51 +222,51 @@ __device__ __forceinline__ void scores(float (&d)[32], unsigned raw, unsigned lo
       f[2 * p + 1][3] = e4m3x2_hi(r[3]);
     }
   };
-  load_half(a[0], 0);
+  // The rope: bf16 as stored, natural order; lanes 16-31 give dims 8-15 of a step.
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    unsigned r[4];
+    ldmatrix_x4(r, raw + tok * kRowBytes + 528 + 32 * ks + 16 * (lane >> 4));
+    a[0][ks][0] = r[0];
+    a[0][ks][1] = r[1];
+    a[0][ks][2] = r[2];
+    a[0][ks][3] = r[3];
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wgmma_rs_bf16(d, a[0][ks], advance(qd, 8 * kHeads * 128 + ks * 32), ks > 0);
+  wgmma_commit();
+  load_half(a[1], 0);
+  wgmma_wait<0>();
+  pin(d);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) d[e] *= step_up[0][(e >> 1) & 1];
 #pragma unroll
   for (int h = 0; h < 8; ++h) {
-    const int g = 3 - h / 2;
+    const int g = h / 2;
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const int step = 8 * g + 4 * (h % 2) + ks;
-      wgmma_rs_f16(d, a[h % 2][ks], advance(qd, (step >> 2) * kHeads * 128 + (step & 3) * 32), h > 0 || ks > 0);
+      wgmma_rs_f16(d, a[(h + 1) % 2][ks], advance(qd, (step >> 2) * kHeads * 128 + (step & 3) * 32), 1);
     }
     wgmma_commit();
     if (h % 2 == 0) {
-      load_half(a[1], h + 1);  // its buffer's last MMAs were waited for by the previous group's scaling
+      load_half(a[h % 2], h + 1);  // its buffer's last MMAs were waited for by the last scaling
       continue;
     }
-    wgmma_wait<1>();  // the other buffer free: the next half's rows (or the rope's) into it
     if (h < 7) {
-      load_half(a[0], h + 1);
-    } else {
-      // The rope: bf16 as stored, natural order; lanes 16-31 give dims 8-15 of a step.
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        unsigned r[4];
-        ldmatrix_x4(r, raw + tok * kRowBytes + 528 + 32 * ks + 16 * (lane >> 4));
-        a[0][ks][0] = r[0];
-        a[0][ks][1] = r[1];
-        a[0][ks][2] = r[2];
-        a[0][ks][3] = r[3];
-      }
+      wgmma_wait<1>();  // the other buffer free: the next group's first half into it
+      load_half(a[h % 2], h + 1);
     }
     wgmma_wait<0>();
     pin(d);
-    // x s_g / s_{g-1} after group g, x s_0 after the last: the chain ends at sum_g s_g P_g.
 #pragma unroll
-    for (int e = 0; e < 32; ++e) {
+    for (int e = 0; e < 32; ++e) {  // x s_g / s_{g+1} after group g, x s_3 and the scale after the last
       const int r = (e >> 1) & 1;
-      d[e] *= g > 0 ? ratio[g - 1][r] : sc.s[r][0];
+      d[e] *= g < 3 ? step_up[g + 1][r] : sc.s[r][3] * scale_log2;
     }
   }
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) wgmma_rs_bf16(d, a[0][ks], advance(qd, 8 * kHeads * 128 + ks * 32), 1);
-  wgmma_commit();
-  wgmma_wait<0>();
-  pin(d);
 }
 
 // O^T (this warpgroup's 256 dims x 64 heads) += V^T P^T over the tile at `raw`, P^T at `pt`.
@@ -449,7 +453,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
           sc.s[r][2] = v.z;
           sc.s[r][3] = v.w;
         }
-        scores(d, raw, qd, warp, lane, sc);
+        scores(d, raw, qd, warp, lane, sc, scale_log2);
       }
       // The other warpgroup's tile i - 1 handed over (its P^T, max and factor): its P.V.
       const bool prev = i > 0 && i - 1 < n_tiles;
@@ -473,7 +477,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
           const bool ok = (e & 2) ? valid1 : valid0;
-          d[e] = ok ? d[e] * scale_log2 : -kInf;
+          d[e] = ok ? d[e] : -kInf;
           over |= d[e] > m[2 * (e >> 2) + (e & 1)] + kSlack;
         }
         moved = bar_or(kOwnGroup + role, kGroupThreads, over);
