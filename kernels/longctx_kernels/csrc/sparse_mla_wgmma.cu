@@ -14,10 +14,10 @@
 //     step's columns in the order ldmatrix delivers the bytes; the rope bf16). Each latent
 //     group's partial is scaled per token, a row of S^T, in fp32 by Horner's rule
 //     (acc = rope, acc = acc / s0 + P0, acc = acc s0/s1 + P1, ..., acc s3 x the softmax scale),
-//     so the scores are as exact as fp32:
-//     keys scaled into f16 would move the lse by up to 6e-5. A group's two halves (4 k-steps
-//     each) take turns in two register buffers: one half's rows are read and converted while the
-//     MMAs of the half before run, so only the Horner waits are exposed.
+//     so the scores are as exact as fp32: keys scaled into f16 would move the lse by up to 6e-5.
+//     A group's two halves (4 k-steps each) take turns in two register buffers: one half's rows
+//     are read and converted while the MMAs of the half before run, so only the Horner waits are
+//     exposed.
 //   O^T [256 dims x 64 heads] += V^T P^T, in each consumer warpgroup: A = V^T built in registers
 //     from the same rows (byte pairs of two tokens by prmt, e4m3 -> f16, times the token's group
 //     scale as an f16 mantissa and an f16 power of two), B = P^T, which the tile's owner stores
@@ -174,13 +174,16 @@ __device__ __forceinline__ void stage_q(unsigned base, const unsigned short* q, 
   }
 }
 
-// Tiles of this CTA's slice of the list, from the launch's values at each call: a register held
-// through the consumers' loop is one the loop's registers do not have.
-__device__ __forceinline__ int slice_tiles(int K, int k_per_split) {
+// This CTA's slice of the list [begin, end) and its tiles, from the launch's values at each call
+// (the consumers ask each tile: a register held through their loop is one the loop does not have).
+struct Slice {
+  int begin, end, tiles;
+};
+__device__ __forceinline__ Slice slice_of(int K, int k_per_split) {
   unsigned split;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(split));
-  const int k_begin = split * k_per_split, k_end = min(K, k_begin + k_per_split);
-  return k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+  const int begin = split * k_per_split, end = min(K, begin + k_per_split);
+  return {begin, end, end > begin ? (end - begin + kTile - 1) / kTile : 0};
 }
 
 // The four group scales of this thread's rows of a tile (S^T's M): 16 warp + lane / 4 and + 8.
@@ -362,14 +365,12 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     // The producer: each tile's rows by 16-B cp.async into the ring, a warp a row.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     // This CTA's slice of the list (computed after setmaxnreg: nothing lives across it).
-    const int split = blockIdx.x, b = blockIdx.y;
-    const int k_begin = split * k_per_split;
-    const int k_end = min(K, k_begin + k_per_split);
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
-    const int* slots_of_b = topk + static_cast<long long>(b) * K;
+    const Slice slice = slice_of(K, k_per_split);
+    const int n_tiles = slice.tiles;
+    const int* slots_of_b = topk + static_cast<long long>(blockIdx.y) * K;
     auto slot_of = [&](int tile, int row) {
-      const int kk = k_begin + tile * kTile + row;
-      return tile < n_tiles && kk < k_end ? slots_of_b[kk] : -1;
+      const int kk = slice.begin + tile * kTile + row;
+      return tile < n_tiles && kk < slice.end ? slots_of_b[kk] : -1;
     };
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % kStages;
@@ -432,7 +433,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       }
     };
     for (int i = role;; i += 2) {
-      const int n_tiles = slice_tiles(K, k_per_split);
+      const int n_tiles = slice_of(K, k_per_split).tiles;
       if (i > n_tiles) break;
       float d[32];
       const bool mine = i < n_tiles;
