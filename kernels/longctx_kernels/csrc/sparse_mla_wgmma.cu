@@ -5,7 +5,9 @@
 // [B, K] (-1 = none) -> out [B, H, 512] bf16 and lse [B, H] fp32 (base e). A request's top-k list
 // is cut into SPARSE_MLA_SPLITS slices, one CTA each (1, 2, 4 or 8: one thread-block cluster),
 // which merge their outputs through distributed shared memory at the end (no second kernel, and
-// no bf16 rounding of partial outputs; each slice's weight for a head computed once).
+// no bf16 rounding of partial outputs): CTA c writes output columns block c, so each thread keeps
+// its O^T values of its own CTA's block in registers and stores the rest into their CTA's shared
+// memory, at slots that keep a warp's stores contiguous (bank conflicts there had cost 2.5 us).
 //
 // Tokens are the MMAs' M, so that a tile's rows reach wgmma's A operand from registers, straight
 // from their e4m3 bytes: no bf16 or fp16 copy of a tile is ever stored in shared memory.
@@ -67,12 +69,15 @@ struct Shared {
   unsigned long long full[kStages];
   unsigned long long empty[kStages];
 };
-struct MergeIn {
-  float o[kSplits][kHeads][kCols];
-  float m[kSplits][kHeads];
-  float l[kSplits][kHeads];
+struct Part {                            // what one slice hands each other slice
+  float4 o[16][2][2 * kGroupThreads / kSplits];  // [head e][dims 0-3, 4-7][sender slot]
+  float m[kHeads];
+  float l[kHeads];
 };
-static_assert(sizeof(MergeIn) <= kQBytes + kStages * kRawBytes, "merge fits");
+struct Exchange {
+  Part part[kSplits];
+};
+static_assert(sizeof(Exchange) <= kQBytes + kStages * kRawBytes, "the exchange fits");
 static_assert(kSplits * kHeads <= 2 * 4 * kHeads, "the merge weights fit in tmax");
 
 #include "barriers.cuh"
@@ -547,60 +552,53 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       if (lane < 4) sh.lsum[role][warp][8 * (e >> 1) + 2 * qq + (e & 1)] = v;
     }
     bar_sync(kConsumers, 2 * kGroupThreads);  // both warpgroups' sums in; the last max is in m_ref
-    // Head h's sum over every row and its last max.
-    auto total = [&](int h) {
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) v += sh.lsum[0][w][h] + sh.lsum[1][w][h];
-      return v;
-    };
     const int dim0 = 256 * role + 8 * (8 * warp + (lane >> 2));
-#if SPARSE_MLA_SPLITS == 1
+    // The merge of the slices. A thread's 8 dims (dim0 / kCols) are column block tid / kSenders,
+    // the output of that block's CTA: that CTA's threads keep theirs in registers, the others hand
+    // theirs over at their slot (a warp's stores 512 contiguous bytes, free of bank conflicts).
+    constexpr int kSenders = 2 * kGroupThreads / kSplits;
+    const int block = tid / kSenders, slot = tid % kSenders;
+    const bool keep = block == split;
+    Exchange& xc = *reinterpret_cast<Exchange*>(&sh);
+    if (kSplits > 1) cluster_sync();  // every CTA's loop done: its ring and q take the exchange
+    if (!keep) {
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const int j = e >> 1, x = e & 1, h = 8 * j + 2 * qq + x;
-      if (head0 + h >= H) continue;
-      const long long at = static_cast<long long>(b) * H + head0 + h;
-      const float lf = total(h), inv = lf > 0.f ? 1.f / lf : 0.f;
-      uint4 v;
-      v.x = pack_bf16x2(o[0][4 * j + x] * inv, o[0][4 * j + 2 + x] * inv);
-      v.y = pack_bf16x2(o[1][4 * j + x] * inv, o[1][4 * j + 2 + x] * inv);
-      v.z = pack_bf16x2(o[2][4 * j + x] * inv, o[2][4 * j + 2 + x] * inv);
-      v.w = pack_bf16x2(o[3][4 * j + x] * inv, o[3][4 * j + 2 + x] * inv);
-      *reinterpret_cast<uint4*>(out + (at * 512 + dim0) / 2) = v;
-      if (role == 0 && warp == 0 && lane < 4) out_lse[at] = lse_of(sh.m_ref[h], lf);
-    }
-#else
-    cluster_sync();
-    MergeIn& in = *reinterpret_cast<MergeIn*>(&sh);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const int j = e >> 1, x = e & 1, h = 8 * j + 2 * qq + x;
-      const unsigned dst = cluster_addr(&in.o[split][h][dim0 % kCols], dim0 / kCols);
-      asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "f"(o[0][4 * j + x]), "f"(o[0][4 * j + 2 + x]),
-                   "f"(o[1][4 * j + x]), "f"(o[1][4 * j + 2 + x]) : "memory");
-      asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + 16), "f"(o[2][4 * j + x]), "f"(o[2][4 * j + 2 + x]),
-                   "f"(o[3][4 * j + x]), "f"(o[3][4 * j + 2 + x]) : "memory");
-      if (role == 0 && warp == 0 && lane < 4) {
-        const float mh = sh.m_ref[h], lh = total(h);
-        for (int c = 0; c < kSplits; ++c) {
-          cluster_store(cluster_addr(&in.m[split][h], c), mh);
-          cluster_store(cluster_addr(&in.l[split][h], c), lh);
-        }
+      for (int e = 0; e < 16; ++e) {
+        const int j = e >> 1, x = e & 1;
+        const unsigned dst = cluster_addr(&xc.part[split].o[e][0][slot], block);
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "f"(o[0][4 * j + x]), "f"(o[0][4 * j + 2 + x]),
+                     "f"(o[1][4 * j + x]), "f"(o[1][4 * j + 2 + x]) : "memory");
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + 16 * kSenders), "f"(o[2][4 * j + x]), "f"(o[2][4 * j + 2 + x]),
+                     "f"(o[3][4 * j + x]), "f"(o[3][4 * j + 2 + x]) : "memory");
       }
     }
-    cluster_sync();
+    if (tid < kHeads) {  // head tid's last max and its sum over every row, to every CTA
+      float lh = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) lh += sh.lsum[0][w][tid] + sh.lsum[1][w][tid];
+      const float mh = sh.m_ref[tid];
+      if (kSplits == 1) {
+        xc.part[0].m[tid] = mh;
+        xc.part[0].l[tid] = lh;
+      }
+      for (int c = 0; c < kSplits && kSplits > 1; ++c) {
+        cluster_store(cluster_addr(&xc.part[split].m[tid], c), mh);
+        cluster_store(cluster_addr(&xc.part[split].l[tid], c), lh);
+      }
+    }
+    if (kSplits > 1) cluster_sync();  // every part in
+    else bar_sync(kConsumers, 2 * kGroupThreads);
     // Each slice's weight for each head, 2^(m_p - top) / sum, and the head's lse, once.
     float (&weight)[kSplits][kHeads] = *reinterpret_cast<float (*)[kSplits][kHeads]>(&sh.tmax);
     if (tid < kHeads) {
-      float top = kNoMax;
+      float top = kNoMax, w[kSplits];
 #pragma unroll
-      for (int p = 0; p < kSplits; ++p) top = fmaxf(top, in.m[p][tid]);
-      float sum = 0.f, w[kSplits];
+      for (int p = 0; p < kSplits; ++p) top = fmaxf(top, xc.part[p].m[tid]);
+      float sum = 0.f;
 #pragma unroll
       for (int p = 0; p < kSplits; ++p) {
-        w[p] = exp2_approx(in.m[p][tid] - top);
-        sum += w[p] * in.l[p][tid];
+        w[p] = exp2_approx(xc.part[p].m[tid] - top);
+        sum += w[p] * xc.part[p].l[tid];
       }
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
@@ -608,23 +606,27 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       if (split == 0 && head0 + tid < H) out_lse[static_cast<long long>(b) * H + head0 + tid] = lse_of(top, sum);
     }
     bar_sync(kConsumers, 2 * kGroupThreads);
-    for (int e = tid; e < kHeads * kCols / 4; e += 2 * kGroupThreads) {
-      const int h = e / (kCols / 4), c = 4 * (e % (kCols / 4));
-      if (head0 + h >= H) continue;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (keep) {
 #pragma unroll
-      for (int p = 0; p < kSplits; ++p) {
-        const float w = weight[p][h];
-        const float4 x = *reinterpret_cast<const float4*>(&in.o[p][h][c]);
-        acc.x += w * x.x;
-        acc.y += w * x.y;
-        acc.z += w * x.z;
-        acc.w += w * x.w;
+      for (int e = 0; e < 16; ++e) {
+        const int j = e >> 1, x = e & 1, h = 8 * j + 2 * qq + x;
+        if (head0 + h >= H) continue;
+        const float w = weight[split][h];
+        float acc[8] = {w * o[0][4 * j + x], w * o[0][4 * j + 2 + x], w * o[1][4 * j + x], w * o[1][4 * j + 2 + x],
+                        w * o[2][4 * j + x], w * o[2][4 * j + 2 + x], w * o[3][4 * j + x], w * o[3][4 * j + 2 + x]};
+#pragma unroll
+        for (int p = 0; p < kSplits; ++p) {
+          if (p == split) continue;
+          const float wp = weight[p][h];
+          const float4 lo = xc.part[p].o[e][0][slot], hi = xc.part[p].o[e][1][slot];
+          acc[0] += wp * lo.x, acc[1] += wp * lo.y, acc[2] += wp * lo.z, acc[3] += wp * lo.w;
+          acc[4] += wp * hi.x, acc[5] += wp * hi.y, acc[6] += wp * hi.z, acc[7] += wp * hi.w;
+        }
+        const long long at = static_cast<long long>(b) * H + head0 + h;
+        *reinterpret_cast<uint4*>(out + (at * 512 + dim0) / 2) =
+            make_uint4(pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7]));
       }
-      const long long at = static_cast<long long>(b) * H + head0 + h;
-      *reinterpret_cast<uint2*>(out + (at * 512 + split * kCols + c) / 2) = make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
     }
-#endif
   }
 }
 
