@@ -50,7 +50,6 @@ constexpr float kSlack = 8.f;
 #define kInf __int_as_float(0x7f800000)
 constexpr float kNoMax = -1e30f;
 constexpr int kSplits = SPARSE_MLA_SPLITS;
-constexpr int kCols = 512 / kSplits;
 constexpr int kReady = 1;                // + w: warpgroup w's tile handed over (P^T, the max)
 constexpr int kOwnGroup = 3;             // + w: warpgroup w's own barrier
 constexpr int kConsumers = 5;            // both consumer warpgroups
@@ -562,14 +561,16 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     Exchange& xc = *reinterpret_cast<Exchange*>(&sh);
     if (kSplits > 1) cluster_sync();  // every CTA's loop done: its ring and q take the exchange
     if (!keep) {
+      constexpr unsigned kHeadBytes = sizeof(Part::o[0]);
+      const unsigned dst = cluster_addr(&xc.part[split].o[0][0][slot], block);
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
         const int j = e >> 1, x = e & 1;
-        const unsigned dst = cluster_addr(&xc.part[split].o[e][0][slot], block);
-        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "f"(o[0][4 * j + x]), "f"(o[0][4 * j + 2 + x]),
+        const unsigned at = dst + e * kHeadBytes;
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(o[0][4 * j + x]), "f"(o[0][4 * j + 2 + x]),
                      "f"(o[1][4 * j + x]), "f"(o[1][4 * j + 2 + x]) : "memory");
-        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + 16 * kSenders), "f"(o[2][4 * j + x]), "f"(o[2][4 * j + 2 + x]),
-                     "f"(o[3][4 * j + x]), "f"(o[3][4 * j + 2 + x]) : "memory");
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at + kHeadBytes / 2), "f"(o[2][4 * j + x]),
+                     "f"(o[2][4 * j + 2 + x]), "f"(o[3][4 * j + x]), "f"(o[3][4 * j + 2 + x]) : "memory");
       }
     }
     if (tid < kHeads) {  // head tid's last max and its sum over every row, to every CTA
@@ -606,25 +607,25 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       if (split == 0 && head0 + tid < H) out_lse[static_cast<long long>(b) * H + head0 + tid] = lse_of(top, sum);
     }
     bar_sync(kConsumers, 2 * kGroupThreads);
-    if (keep) {
+    if (keep) {  // every load first: a head past H only skips its store
+      unsigned* const row = out + ((static_cast<long long>(b) * H + head0 + 2 * qq) * 512 + dim0) / 2;
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
         const int j = e >> 1, x = e & 1, h = 8 * j + 2 * qq + x;
-        if (head0 + h >= H) continue;
         const float w = weight[split][h];
         float acc[8] = {w * o[0][4 * j + x], w * o[0][4 * j + 2 + x], w * o[1][4 * j + x], w * o[1][4 * j + 2 + x],
                         w * o[2][4 * j + x], w * o[2][4 * j + 2 + x], w * o[3][4 * j + x], w * o[3][4 * j + 2 + x]};
 #pragma unroll
-        for (int p = 0; p < kSplits; ++p) {
-          if (p == split) continue;
+        for (int c = 1; c < kSplits; ++c) {
+          const int p = (split + c) % kSplits;
           const float wp = weight[p][h];
           const float4 lo = xc.part[p].o[e][0][slot], hi = xc.part[p].o[e][1][slot];
           acc[0] += wp * lo.x, acc[1] += wp * lo.y, acc[2] += wp * lo.z, acc[3] += wp * lo.w;
           acc[4] += wp * hi.x, acc[5] += wp * hi.y, acc[6] += wp * hi.z, acc[7] += wp * hi.w;
         }
-        const long long at = static_cast<long long>(b) * H + head0 + h;
-        *reinterpret_cast<uint4*>(out + (at * 512 + dim0) / 2) =
-            make_uint4(pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7]));
+        if (head0 + h < H)
+          *reinterpret_cast<uint4*>(row + (8 * j + x) * 256) =
+              make_uint4(pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7]));
       }
     }
   }
