@@ -24,8 +24,10 @@
 //     from the same rows (byte pairs of two tokens by prmt, e4m3 -> f16, times the token's group
 //     scale as an f16 mantissa and an f16 power of two), B = P^T, which the tile's owner stores
 //     transposed by stmatrix.
-// Warpgroup 2, the producer, copies each tile's rows by 16-B cp.async into a ring of three stages,
-// from the start: the consumers stage q meanwhile, all of its loads in flight at once.
+// Warpgroup 2, the producer, moves each of a tile's rows by one bulk copy (the copy engine, onto
+// the stage's mbarrier) into a ring of three stages, from the start: the consumers stage q
+// meanwhile, all of its loads in flight at once. (16-B cp.async copies, 41 a row, had taken issue
+// slots and the LSU queue from the consumers: 1.6 us more.)
 // Warpgroups 0 and 1 take the tiles in turn: the owner of a tile computes S^T and the softmax and
 // hands P^T and the running max over; both add the tile to their half of O^T (dims 0-255 and
 // 256-511). The running max of a head moves only when a tile's exceeds it by 2^8, so O is rarely
@@ -115,9 +117,6 @@ __device__ __forceinline__ float4 load_shared_f4(unsigned addr) {
 }
 __device__ __forceinline__ void store_shared(unsigned addr, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-__device__ __forceinline__ void copy_async(unsigned dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
@@ -357,7 +356,7 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], 2 * kGroupThreads);  // each producer thread: its copies landed, its flags stored
+      mbar_init(&sh.full[s], 8);  // each producer warp twice: its rows' bytes expected, its zeros and flags stored
       mbar_init(&sh.empty[s], 8);
     }
   }
@@ -366,7 +365,8 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   if (role == 2) {
-    // The producer: each tile's rows by 16-B cp.async into the ring, a warp a row.
+    // The producer: lane l < 16 of warp w takes row 16 w + l of every tile, its slot read a tile
+    // ahead; a missing row (slot -1) is zeros stored by the warp, so that P.V's 0 x V stays 0.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     // This CTA's slice of the list (computed after setmaxnreg: nothing lives across it).
     const Slice slice = slice_of(K, k_per_split);
@@ -376,24 +376,32 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       const int kk = slice.begin + tile * kTile + row;
       return tile < n_tiles && kk < slice.end ? slots_of_b[kk] : -1;
     };
+    const int row = 16 * warp + (lane & 15);
+    const bool copier = lane < 16;
+    int next_slot = slot_of(0, row);  // read a tile ahead
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % kStages;
+      const int cur = next_slot;
+      next_slot = slot_of(i + 1, row);
       if (i >= kStages) mbar_wait(&sh.empty[stage], ((i / kStages) + 1) & 1);
-      const int my_slot = slot_of(i, 16 * warp + (lane & 15));
-      const unsigned dst = smem_addr(sh.raw[stage]);
-#pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
-        const int r = 16 * warp + j;
-        const int s = __shfl_sync(0xffffffffu, my_slot, j);
-        const unsigned char* src = cache + static_cast<long long>(s < 0 ? 0 : s) * kRowBytes;
-        copy_async(dst + r * kRowBytes + 16 * lane, src + 16 * lane, s < 0 ? 0 : 16);
-        if (lane < 9) copy_async(dst + r * kRowBytes + 16 * (32 + lane), src + 16 * (32 + lane), s < 0 ? 0 : 16);
+      const unsigned real = __ballot_sync(0xffffffffu, copier && cur >= 0);
+      const unsigned full = smem_addr(&sh.full[stage]);
+      if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full), "r"(__popc(real) * kRowBytes) : "memory");
+      if (copier && cur >= 0)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                     ::"r"(smem_addr(sh.raw[stage] + row * kRowBytes)),
+                     "l"(cache + static_cast<unsigned long long>(cur) * kRowBytes), "n"(kRowBytes), "r"(full) : "memory");
+      // Missing rows, 16 B a lane.
+      for (unsigned missing = __ballot_sync(0xffffffffu, copier && cur < 0); missing; missing &= missing - 1) {
+        unsigned char* zeros = sh.raw[stage] + (16 * warp + __ffs(missing) - 1) * kRowBytes;
+        *reinterpret_cast<uint4*>(zeros + 16 * lane) = make_uint4(0u, 0u, 0u, 0u);
+        if (lane < kRowBytes / 16 - 32) *reinterpret_cast<uint4*>(zeros + 512 + 16 * lane) = make_uint4(0u, 0u, 0u, 0u);
       }
-      if (lane < 16) sh.valid[stage][16 * warp + lane] = my_slot >= 0;
-      mbar_arrive(&sh.full[stage]);
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(&sh.full[stage])) : "memory");
+      if (copier) sh.valid[stage][row] = cur >= 0;
+      __syncwarp();  // the warp's zeros and flags, then one arrival for them
+      if (lane == 0) mbar_arrive(&sh.full[stage]);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
     if (kSplits > 1) {
       cluster_sync();
       cluster_sync();
