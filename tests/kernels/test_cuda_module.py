@@ -83,6 +83,19 @@ def test_sparse_mla_cuts_still_match_the_kernel_and_compile():
         compile_cubin(text, "sm_90")
 
 
+def test_sparse_mla_timeline_marks_still_match_the_kernel_and_compile():
+    """benchmarks/sparse_mla_timeline.py marks the wgmma kernel's source by text anchors."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_mla_timeline.py"
+    spec = importlib.util.spec_from_file_location("sparse_mla_timeline", path)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    marked = timeline.instrumented((CSRC / timeline.SOURCE).read_text())
+    assert marked.count("POINT(") == len(timeline.POINTS) + 1 and marked.count("PHASE(") == len(timeline.PHASES) + 1
+    for splits in (1, 2):
+        usage = resource_usage(compile_cubin(marked, "sm_90a", (("SPARSE_MLA_SPLITS", splits),)))
+        assert usage["LOCAL"] == 0
+
+
 def test_compile_errors_carry_the_nvrtc_log():
     with pytest.raises(CudaError, match="undefined"):
         compile_cubin('extern "C" __global__ void k() { undefined_symbol(); }', "sm_90")
