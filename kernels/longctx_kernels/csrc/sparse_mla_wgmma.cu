@@ -7,7 +7,7 @@
 // which merge their outputs through distributed shared memory at the end (no second kernel, and
 // no bf16 rounding of partial outputs): CTA c writes output columns block c, so each thread keeps
 // its O^T values of its own CTA's block in registers and stores the rest into their CTA's shared
-// memory, at slots that keep a warp's stores contiguous (bank conflicts there had cost 2.5 us).
+// memory, at slots that keep a warp's stores contiguous (4-way bank conflicts there cost 2.5 us).
 //
 // Tokens are the MMAs' M, so that a tile's rows reach wgmma's A operand from registers, straight
 // from their e4m3 bytes: no bf16 or fp16 copy of a tile is ever stored in shared memory.
@@ -26,7 +26,7 @@
 //     transposed by stmatrix.
 // Warpgroup 2, the producer, moves each of a tile's rows by one bulk copy (the copy engine, onto
 // the stage's mbarrier) into a ring of three stages, from the start: the consumers stage q
-// meanwhile, all of its loads in flight at once. (16-B cp.async copies, 41 a row, had taken issue
+// meanwhile, all of its loads in flight at once. (16-B cp.async copies, 41 a row, take issue
 // slots and the LSU queue from the consumers: 1.6 us more.)
 // Warpgroups 0 and 1 take the tiles in turn: the owner of a tile computes S^T and the softmax and
 // hands P^T and the running max over; both add the tile to their half of O^T (dims 0-255 and
@@ -560,9 +560,10 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
     }
     bar_sync(kConsumers, 2 * kGroupThreads);  // both warpgroups' sums in; the last max is in m_ref
     const int dim0 = 256 * role + 8 * (8 * warp + (lane >> 2));
-    // The merge of the slices. A thread's 8 dims (dim0 / kCols) are column block tid / kSenders,
-    // the output of that block's CTA: that CTA's threads keep theirs in registers, the others hand
-    // theirs over at their slot (a warp's stores 512 contiguous bytes, free of bank conflicts).
+    // The merge of the slices. A thread's 8 dims (dim0 / (512 / kSplits)) are column block
+    // tid / kSenders, the output of that block's CTA: that CTA's threads keep theirs in registers,
+    // the others hand theirs over at their slot (a warp's stores 512 contiguous bytes, free of bank
+    // conflicts).
     constexpr int kSenders = 2 * kGroupThreads / kSplits;
     const int block = tid / kSenders, slot = tid % kSenders;
     const bool keep = block == split;
