@@ -32,6 +32,7 @@ POINTS = ["start", "q staged", "tile 0 landed", "loop end", "merge barrier 1", "
 PHASES = ["wait for its tile", "S^T", "wait for the other's P^T", "P.V, the other's tile", "softmax, P^T stored",
           "P.V, its own tile", "to the next iteration"]
 MAX_CTAS, MAX_ITERATIONS = 1024, 32
+SPLITS = 2  # a request's slices: clusters of 2 CTAs, as the dispatcher picks at B=64 on an H200
 HEADER = (f"__device__ unsigned long long g_points[{MAX_CTAS}][{len(POINTS)}];\n"
           f"__device__ unsigned long long g_tiles[{MAX_CTAS}][2][{MAX_ITERATIONS}][2];\n"
           f"__device__ long long g_phases[{MAX_CTAS}][2][{MAX_ITERATIONS}][{len(PHASES)}];\n"
@@ -103,7 +104,7 @@ def main() -> None:
              torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int(),
              torch.empty((batch, heads, 512), device="cuda", dtype=torch.bfloat16), torch.empty((batch, heads), device="cuda"))
             for _ in range(measure.cold_sets_needed(bytes_))]
-    calls = [lambda s=s: sparse_mla_decode_wgmma(s[0], cache, s[1], 576**-0.5, out=s[2], out_lse=s[3]) for s in sets]
+    calls = [lambda s=s: sparse_mla_decode_wgmma(s[0], cache, s[1], 576**-0.5, num_splits=SPLITS, out=s[2], out_lse=s[3]) for s in sets]
     plain_us = measure.cold_graph_median_ms(calls, bytes_) * 1e3
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / SOURCE).write_text(instrumented((cuda_module.CSRC / SOURCE).read_text()))
@@ -115,12 +116,12 @@ def main() -> None:
         for call in calls:  # the last call's marks: its inputs are out of L2
             call()
         torch.cuda.synchronize()
-        kernel = cuda_module.load(SOURCE, "sparse_mla_wgmma", 0, (("SPARSE_MLA_SPLITS", 2),), arch_suffix="a")
-        ctas = 2 * batch
+        kernel = cuda_module.load(SOURCE, "sparse_mla_wgmma", 0, (("SPARSE_MLA_SPLITS", SPLITS),), arch_suffix="a")
+        ctas = SPLITS * batch
         points = read_global(kernel.function, "g_points", ctypes.c_uint64, MAX_CTAS * len(POINTS))
         tiles = read_global(kernel.function, "g_tiles", ctypes.c_uint64, MAX_CTAS * 2 * MAX_ITERATIONS * 2)
         phases = read_global(kernel.function, "g_phases", ctypes.c_int64, MAX_CTAS * 2 * MAX_ITERATIONS * len(PHASES))
-    print(f"B={batch} H={heads} K={topk}, 2 slices (clusters of 2 CTAs), cold: {plain_us:.1f} us, {marked_us:.1f} us with the marks")
+    print(f"B={batch} H={heads} K={topk}, {SPLITS} slices (clusters of {SPLITS} CTAs), cold: {plain_us:.1f} us, {marked_us:.1f} us with the marks")
     at = [[points[c * len(POINTS) + k] for k in range(len(POINTS))] for c in range(ctas)]
     first = min(p[0] for p in at)
     print("per CTA, us (percentiles 0 / 10 / 50 / 90 / 100 over the CTAs):")
@@ -128,7 +129,7 @@ def main() -> None:
     for k in range(1, len(POINTS)):
         print(f"  {POINTS[k] + ', after ' + POINTS[k - 1]:38s}{percentiles([(p[k] - p[k - 1]) / 1e3 for p in at])}")
     print(f"  {'end, after the first CTA start':38s}{percentiles([(p[-1] - first) / 1e3 for p in at])}")
-    n_tiles = topk // 2 // 64
+    n_tiles = topk // SPLITS // 64
 
     def tile_mark(c, i, k):
         return tiles[((c * 2 + i % 2) * MAX_ITERATIONS + i // 2) * 2 + k]

@@ -590,10 +590,11 @@ sparse_mla_wgmma(const unsigned short* __restrict__ q, const unsigned char* __re
       if (kSplits == 1) {
         xc.part[0].m[tid] = mh;
         xc.part[0].l[tid] = lh;
-      }
-      for (int c = 0; c < kSplits && kSplits > 1; ++c) {
-        cluster_store(cluster_addr(&xc.part[split].m[tid], c), mh);
-        cluster_store(cluster_addr(&xc.part[split].l[tid], c), lh);
+      } else {
+        for (int c = 0; c < kSplits; ++c) {
+          cluster_store(cluster_addr(&xc.part[split].m[tid], c), mh);
+          cluster_store(cluster_addr(&xc.part[split].l[tid], c), lh);
+        }
       }
     }
     if (kSplits > 1) cluster_sync();  // every part in
