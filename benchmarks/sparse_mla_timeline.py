@@ -53,7 +53,8 @@ BARRIER_2 = "    if (kSplits > 1) cluster_sync();  // every part in\n"
 END = "  }\n}\n\n\nextern"
 # anchor -> its replacement: each anchor must occur once in the kernel.
 MARKS = {
-    "#define kInf __int_as_float(0x7f800000)\n": "#define kInf __int_as_float(0x7f800000)\n" + HEADER,
+    # Before the anonymous namespace: the marks' arrays keep their plain names for cuModuleGetGlobal.
+    "namespace {\n": HEADER + "namespace {\n",
     "t = tid & 127, warp = t >> 5;\n": "t = tid & 127, warp = t >> 5;\n  POINT(0);\n",
     Q_STAGED: Q_STAGED.replace("\n", "\n    POINT(1);\n"),
     LOOP_TOP: LOOP_TOP + "      PHASE(0);\n",

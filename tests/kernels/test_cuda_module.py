@@ -92,8 +92,11 @@ def test_sparse_mla_timeline_marks_still_match_the_kernel_and_compile():
     marked = timeline.instrumented((CSRC / timeline.SOURCE).read_text())
     assert marked.count("POINT(") == len(timeline.POINTS) + 1 and marked.count("PHASE(") == len(timeline.PHASES) + 1
     for splits in (1, 2):
-        usage = resource_usage(compile_cubin(marked, "sm_90a", (("SPARSE_MLA_SPLITS", splits),)))
-        assert usage["LOCAL"] == 0
+        cubin = compile_cubin(marked, "sm_90a", (("SPARSE_MLA_SPLITS", splits),))
+        assert resource_usage(cubin)["LOCAL"] == 0
+        # The script reads the marks by name (cuModuleGetGlobal): they must not be mangled.
+        symbols = set(re.findall(r"\bg_\w+", cuobjdump(cubin, "-elf")))
+        assert {"g_points", "g_tiles", "g_phases"} <= symbols
 
 
 def test_compile_errors_carry_the_nvrtc_log():
