@@ -33,15 +33,14 @@ NO_EMPTY_WAIT = ("if (j >= kStages) mbar_wait(&sh.empty[stage], (j / kStages + 1
 NO_FULL_WAIT = ("  if (kTeams > 1 && i >= kStages) mbar_wait(&sh.empty[stage], ((i - kStages) / kStages) & 1);\n"
                 "  mbar_wait(&sh.full[stage], (i / kStages) & 1);", "")
 PRODUCE = "    produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);\n"
-PRODUCERS_MERGE = ('    if (SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.release;\\n" ::: "memory");\n'
-                   '    asm volatile("barrier.cluster.wait;\\n" ::: "memory");\n    cluster_sync();  // every part is in\n'
-                   "    merge_parts(sh, out, out_lse, b, H, split, tid);\n")
+PRODUCERS_MERGE = ('    asm volatile("barrier.cluster.wait;\\n" ::: "memory");\n    cluster_sync();  // every part is in\n'
+                   "#if !SPARSE_MLA_WGMMA\n    merge_parts(sh, out, out_lse, b, H, split, tid);\n#endif\n")
 NO_CONSUMERS = (PRODUCE + PRODUCERS_MERGE + "    return;\n  }\n",
                 PRODUCE + "    return;\n  }\n  if (n_tiles < (1 << 30)) return;  // the consumers leave at once\n")
 NO_PRODUCERS = (PRODUCE, "")
 # The warpgroup-MMA consumers (9 to 16 heads).
-WGMMA_CONSUMERS = "  consume_wgmma(sh, n_tiles, team, w, lane, split, qk_scale_log2);\n"
-NO_MERGE = ("  merge_parts(sh, out, out_lse, b, H, split, tid);\n}", "}")
+WGMMA_CONSUMERS = "  consume_wgmma(sh, out, out_lse, b, H, n_tiles, team, w, lane, split, qk_scale_log2);\n"
+NO_MERGE = ("  merge_parts(sh, out, out_lse, b, H, split, tid);\n#endif\n}", "#endif\n}")
 CUTS = {"whole kernel": [], "no merge": [NO_MERGE], "no P.V": [NO_PV], "no P.V, no S MMAs": [NO_PV, NO_S_MMA],
         "row copies and waits only": [NO_PV, NO_S],
         # The two sides alone: the producers streaming the ring without waiting for consumers, and

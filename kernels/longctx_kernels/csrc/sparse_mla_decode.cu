@@ -24,8 +24,9 @@
 // landed, and refilled as soon as its team's four consumer warps have arrived on its "empty" mbarrier.
 // A request's SPARSE_MLA_SPLITS slices are one thread-block cluster: at the end every team sends
 // its unnormalized output, max and sum through distributed shared memory to the CTA that merges
-// its latent group, and that CTA writes the final rows. No partials in global memory, no second
-// kernel (the separate merge cost ~3 us at B=64, H=8; docs/benchmarks.md).
+// its latent group, and that CTA writes the final rows (on wgmma, a CTA's first team hands its
+// part to the last, which folds it in and sends one part a CTA). No partials in global memory, no
+// second kernel (the separate merge cost ~3 us at B=64, H=8; docs/benchmarks.md).
 
 // No headers: NVRTC compiles it at run time (longctx_kernels.cuda_module).
 
@@ -90,6 +91,7 @@ constexpr int kConsumerShare = ((kLaunchRegs * kThreads - kProducerRegs * 32 * k
 constexpr int kConsumerRegs = kConsumerShare < 256 ? kConsumerShare : 256;  // setmaxnreg's most
 #endif
 
+#if !SPARSE_MLA_WGMMA
 // The merge's inputs: for each latent group the CTA merges, every team's unnormalized output
 // (relative to exp2(m)), m and l. A region of its own, not the ring's: a team then sends its part
 // as soon as it is done, without waiting for the merging CTA to finish its tiles (0.2-0.3 us).
@@ -98,6 +100,7 @@ struct MergeIn {
   float m[kGroupsMerged][kParts][kHeads];
   float l[kGroupsMerged][kParts][kHeads];
 };
+#endif
 
 #if SPARSE_MLA_WGMMA
 // What the wgmma consumers share (consume_wgmma): wgmma's B operands (q K-major in 128-byte-swizzled
@@ -113,21 +116,31 @@ struct WgmmaShared {
   float tile_ref[kTeams][kWarps];          // and of its tokens' group scales
   float l[kTeams][kWarps][kHeads];         // each warp's sum of exponentials, at the end
 };
+
+// The merge of the wgmma consumers, every value in the order of the threads that hold it (a warp's
+// stores and loads are contiguous). The first team leaves its output (relative to exp2(m)), m and
+// l for the last, in the ring's stage of its own last tile (no other tile comes there); the last
+// team folds them into its registers and sends each latent group to the CTA that merges it, into
+// a region of its own, not the ring's: a CTA sends as soon as it is done, without waiting for the
+// others' tiles.
+struct TeamPart {
+  float4 o[4][4][128];  // group p, the thread's dims 4 x heads hi, thread of the team
+  float m[kHeads], l[kHeads];
+};
+struct SlicePart {
+  float4 o[kGroupsMerged][4][128];  // merged group gl, heads hi, thread of the team
+  float m[kHeads], l[kHeads];
+};
 #endif
 
 struct Shared {
 #if SPARSE_MLA_WGMMA
   alignas(1024) WgmmaShared wg;       // first: the 128-byte swizzle repeats every 1024 B
 #endif
-#if SPARSE_MLA_WGMMA
-  // The merge's inputs take the ring's place (room for the wgmma operands): they are sent only once
-  // every CTA of the cluster is done with its ring.
-  union {
-    unsigned char rows[kStages][kTile * kRowBytes];
-    MergeIn merge;
-  };
-#else
   unsigned char rows[kStages][kTile * kRowBytes];
+#if SPARSE_MLA_WGMMA
+  SlicePart parts[kSplits];           // of the latent groups this CTA merges, by the CTA that sends them
+#else
   float partial[kTeams][2][kWarps][kHeads * kPartialStride];  // a team's S partials of its tiles i and i + 1
   MergeIn merge;                      // filled by the cluster's teams
 #endif
@@ -271,6 +284,7 @@ __device__ __forceinline__ const unsigned char* landed(Shared& sh, int i) {
   return sh.rows[stage];
 }
 
+#if !SPARSE_MLA_WGMMA
 // The merge, in CTA `rank` of the cluster: its latent groups of every part (MergeIn) -> out
 // [B, H, 512] bf16 and, in rank 0, lse [B, H] (base e). 8 dims of a head a thread and step.
 __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __restrict__ out,
@@ -304,6 +318,7 @@ __device__ __forceinline__ void merge_parts(const Shared& sh, unsigned short* __
     if (rank == 0 && gl == 0 && d == 0) out_lse[(long long)b * H + h] = l > 0.f ? (m_max + log2f(l)) * 0.6931471805599453f : -kInf;
   }
 }
+#endif
 
 #if SPARSE_MLA_WGMMA
 // 9 to 16 heads on wgmma (sm_90a). A team is one warpgroup; warp j of it owns tokens 16j .. 16j + 15
@@ -418,11 +433,14 @@ __device__ __forceinline__ void team_sync(int team) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "n"(32 * kWarps) : "memory");
 }
 
-// The team's tiles team, team + kTeams, ... of the ring, then its part (o s_ref, m, l) to the CTAs
-// that merge each latent group. Accumulator register r of a thread: row (token or dim) +8 if r & 2,
-// head 8 (r >> 2) + 2t + (r & 1); its four heads are numbered hi = 2 (r >> 2) + (r & 1).
+// The team's tiles team, team + kTeams, ... of the ring, then the merge (TeamPart, SlicePart): the
+// first team's part (o s_ref, m, l) to the last, the last's (both folded) to the CTAs that merge
+// each latent group, and this CTA's groups of every part to out and lse. Accumulator register r
+// of a thread: row (token or dim) +8 if r & 2, head 8 (r >> 2) + 2t + (r & 1); its four heads are
+// numbered hi = 2 (r >> 2) + (r & 1).
 // A wgmma descriptor is computed once and offset by a constant at each use.
-__device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team, int j, int lane, int split,
+__device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __restrict__ out, float* __restrict__ out_lse,
+                                              int b, int H, int n_tiles, int team, int j, int lane, int split,
                                               float qk_scale_log2) {
   const int g = lane >> 2, t = lane & 3;
   const unsigned long long q_desc = operand(smem_addr(sh.wg.q)), p_desc = operand_mn32(smem_addr(sh.wg.p[team][0]));
@@ -618,27 +636,115 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, int n_tiles, int team,
     *reinterpret_cast<float2*>(&sh.wg.l[team][j][8 + 2 * t]) = make_float2(l_run[2], l_run[3]);
   }
   team_sync(team);
-
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait;\n" ::: "memory");  // every ring is done
-  MergeIn& in = sh.merge;
-  const int part = split * kTeams + team;
+  float l[4];  // the team's sum of each of the thread's heads
 #pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const unsigned merger = p % kSplits;
-    const int gl = p / kSplits;
+  for (int hi = 0; hi < 4; ++hi) {
+    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+    l[hi] = sh.wg.l[team][0][h] + sh.wg.l[team][1][h] + sh.wg.l[team][2][h] + sh.wg.l[team][3][h];
+  }
+  // The thread's dims 32j + 4g .. + 3 of group p for head hi, times f: slab 0's rows g, g + 8, then
+  // slab 1's.
+  const int tt = 32 * j + lane;
+  const auto values = [&](int p, int hi, float f) {
+    const int r = 4 * (hi >> 1) + (hi & 1);
+    return make_float4(o[p][0][r] * f, o[p][0][r + 2] * f, o[p][1][r] * f, o[p][1][r + 2] * f);
+  };
+  static_assert(sizeof(TeamPart) <= sizeof(sh.rows[0]), "the first team's part fits in a stage");
+  TeamPart& team_part = *reinterpret_cast<TeamPart*>(sh.rows[(n_tiles > 0 ? (n_tiles - 1) / kTeams * kTeams : 0) % kStages]);
+  if (team + 1 < kTeams) {  // the first of two teams: its part to the last, then only the barriers
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+#pragma unroll
+      for (int hi = 0; hi < 4; ++hi) team_part.o[p][hi][tt] = values(p, hi, s_ref);
+    if (j == 0 && g == 0)
+#pragma unroll
+      for (int hi = 0; hi < 4; ++hi) {
+        const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+        team_part.m[h] = m_run[hi];
+        team_part.l[h] = l[hi];
+      }
+    asm volatile("bar.arrive 3, %0;\n" ::"n"(32 * kConsumers) : "memory");
+    asm volatile("barrier.cluster.wait;\n" ::: "memory");
+    cluster_sync();
+    return;
+  }
+  float f[4];  // the factor of this team's o, for the CTA's part relative to exp2(m_run)
+#pragma unroll
+  for (int hi = 0; hi < 4; ++hi) f[hi] = s_ref;
+  if (kTeams > 1) {  // fold the first team's part in
+    asm volatile("bar.sync 3, %0;\n" ::"n"(32 * kConsumers) : "memory");
+    float w[4];  // the first team's weight
 #pragma unroll
     for (int hi = 0; hi < 4; ++hi) {
-      const int r = 4 * (hi >> 1) + (hi & 1), h = 8 * (hi >> 1) + 2 * t + (hi & 1);
-      // This thread's dims 32j + 4g .. + 3 of the group: slab 0 rows g, g + 8, then slab 1's.
-      cluster_store4(cluster_addr(&in.o[gl][part][h][32 * j + 4 * g], merger), o[p][0][r] * s_ref,
-                     o[p][0][r + 2] * s_ref, o[p][1][r] * s_ref, o[p][1][r + 2] * s_ref);
-      if (j == 0 && g == 0) {
-        float l = 0.f;
+      const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+      const float m0 = team_part.m[h], m = fmaxf(m0, m_run[hi]);
+      w[hi] = exp2_approx(m0 - m);
+      f[hi] *= exp2_approx(m_run[hi] - m);
+      l[hi] = l[hi] * exp2_approx(m_run[hi] - m) + team_part.l[h] * w[hi];
+      m_run[hi] = m;
+    }
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) l += sh.wg.l[team][w][h];
-        cluster_store(cluster_addr(&in.m[gl][part][h], merger), m_run[hi]);
-        cluster_store(cluster_addr(&in.l[gl][part][h], merger), l);
+    for (int p = 0; p < 4; ++p)
+#pragma unroll
+      for (int hi = 0; hi < 4; ++hi) {
+        const int r = 4 * (hi >> 1) + (hi & 1);
+        const float4 v = team_part.o[p][hi][tt];
+        o[p][0][r] = o[p][0][r] * f[hi] + v.x * w[hi];
+        o[p][0][r + 2] = o[p][0][r + 2] * f[hi] + v.y * w[hi];
+        o[p][1][r] = o[p][1][r] * f[hi] + v.z * w[hi];
+        o[p][1][r + 2] = o[p][1][r + 2] * f[hi] + v.w * w[hi];
       }
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) f[hi] = 1.f;
+  }
+  // Each latent group to the CTA that merges it, this one's included (every CTA of the cluster has
+  // started: the wait).
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const int merger = p % kSplits;
+    SlicePart& to = sh.parts[split];
+#pragma unroll
+    for (int hi = 0; hi < 4; ++hi) {
+      const float4 v = values(p, hi, f[hi]);
+      cluster_store4(cluster_addr(&to.o[p / kSplits][hi][tt], merger), v.x, v.y, v.z, v.w);
+    }
+    if (p < kSplits && j == 0 && g == 0)  // m and l once to each merger
+#pragma unroll
+      for (int hi = 0; hi < 4; ++hi) {
+        const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+        cluster_store(cluster_addr(&to.m[h], merger), m_run[hi]);
+        cluster_store(cluster_addr(&to.l[h], merger), l[hi]);
+      }
+  }
+  cluster_sync();  // every CTA's groups are in
+  // This CTA's groups from every part -> out [b, :H, dims] bf16, and lse; a head a turn, the loop
+  // rolled: code that runs once a CTA comes cold from memory (unrolled, the combine took 1.4 us).
+#pragma unroll 1
+  for (int hi = 0; hi < 4; ++hi) {
+    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+    float m = -kInf, w[kSplits], sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kSplits; ++c) m = fmaxf(m, sh.parts[c].m[h]);
+#pragma unroll
+    for (int c = 0; c < kSplits; ++c) {
+      w[c] = exp2_approx(sh.parts[c].m[h] - m);  // a part with no valid token: m = -1e30, l = 0
+      sum += w[c] * sh.parts[c].l[h];
+    }
+    const float inv_l = sum > 0.f ? 1.f / sum : 0.f;
+    if (h >= H) continue;
+    if (split == 0 && j == 0 && g == 0)
+      out_lse[(long long)b * H + h] = sum > 0.f ? (m + log2f(sum)) * 0.6931471805599453f : -kInf;
+#pragma unroll
+    for (int gl = 0; gl < kGroupsMerged; ++gl) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int c = 0; c < kSplits; ++c) {
+        const float4 v = sh.parts[c].o[gl][hi][tt];
+        acc.x += v.x * w[c]; acc.y += v.y * w[c]; acc.z += v.z * w[c]; acc.w += v.w * w[c];
+      }
+      *reinterpret_cast<uint2*>(out + ((long long)b * H + h) * 512 + 128 * (split + kSplits * gl) + 32 * j + 4 * g) =
+          make_uint2(pack_bf16x2(acc.x * inv_l, acc.y * inv_l), pack_bf16x2(acc.z * inv_l, acc.w * inv_l));
     }
   }
 }
@@ -672,19 +778,19 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   }
   __syncthreads();
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // A CTA's shared memory may be written by the cluster only once the CTA runs (and, where the merge
-  // takes the ring's place, once it is done with the ring): every thread arrives then and waits
-  // before its first remote store.
-  if (!SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+  // A CTA's shared memory may be written by the cluster only once the CTA runs: every thread arrives
+  // then and waits before its first remote store.
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
   if (warp >= kConsumers) {
 #if SPARSE_MLA_WGMMA
     if (kSplitRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
 #endif
     produce(sh, cache, topk + (long long)b * K + k_begin, k_count, n_tiles, lane, warp - kConsumers);
-    if (SPARSE_MLA_WGMMA) asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
     asm volatile("barrier.cluster.wait;\n" ::: "memory");
     cluster_sync();  // every part is in
+#if !SPARSE_MLA_WGMMA
     merge_parts(sh, out, out_lse, b, H, split, tid);
+#endif
     return;
   }
   const int w = warp % kWarps, team = warp / kWarps;  // latent group w; team takes tiles team, team + kTeams, ...
@@ -692,7 +798,7 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
   if (kSplitRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   stage_q(sh, q, b, H, tid);
   asm volatile("bar.sync 15, %0;\n" ::"n"(32 * kConsumers) : "memory");  // q is staged
-  consume_wgmma(sh, n_tiles, team, w, lane, split, qk_scale_log2);
+  consume_wgmma(sh, out, out_lse, b, H, n_tiles, team, w, lane, split, qk_scale_log2);
 #else
 
   // q's B fragments for group w: head g (and g + 8), dims 128w + 32t + [0, 32) as fp16 pairs; in
@@ -900,9 +1006,9 @@ sparse_mla_decode(const unsigned short* __restrict__ q, const unsigned char* __r
       cluster_store(cluster_addr(&in.l[gl][part][g + 8 * r], merger), l_run[r]);
     }
   }
-#endif
   cluster_sync();  // every part is in
   merge_parts(sh, out, out_lse, b, H, split, tid);
+#endif
 }
 
 // Dynamic shared memory the kernel needs, read by the launcher (cuModuleGetGlobal).
