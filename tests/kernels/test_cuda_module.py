@@ -6,6 +6,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -83,16 +84,20 @@ def test_sparse_mla_cuts_still_match_the_kernel_and_compile():
         compile_cubin(text, "sm_90")
 
 
-def test_sparse_mla_timeline_marks_still_match_the_kernel_and_compile():
-    """benchmarks/sparse_mla_timeline.py marks the wgmma kernel's source by text anchors."""
+def test_sparse_mla_timeline_marks_still_match_the_kernels_and_compile():
+    """benchmarks/sparse_mla_timeline.py marks each wgmma kernel's source by text anchors."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_mla_timeline.py"
     spec = importlib.util.spec_from_file_location("sparse_mla_timeline", path)
     timeline = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = timeline  # its dataclass looks its module up
     spec.loader.exec_module(timeline)
-    marked = timeline.instrumented((CSRC / timeline.SOURCE).read_text())
-    assert marked.count("POINT(") == len(timeline.POINTS) + 1 and marked.count("PHASE(") == len(timeline.PHASES) + 1
-    for splits in (1, 2):
-        cubin = compile_cubin(marked, "sm_90a", (("SPARSE_MLA_SPLITS", splits),))
+    for layout in timeline.LAYOUTS.values():
+        marked = timeline.instrumented(layout, (CSRC / layout.source).read_text())
+        # Every point, phase and tile mark once in the code.
+        assert sorted(int(k) for k in re.findall(r"POINT\((\d+)\);", marked)) == list(range(len(layout.points)))
+        assert sorted(int(k) for k in re.findall(r"PHASE\((\d+)\);", marked)) == list(range(len(layout.phases)))
+        assert sorted(int(k) for k in re.findall(r"TILE\((\d+)\);", marked)) == [0, 1]
+        cubin = compile_cubin(marked, "sm_90a", layout.defines)
         assert resource_usage(cubin)["LOCAL"] == 0
         # The script reads the marks by name (cuModuleGetGlobal): they must not be mangled.
         symbols = set(re.findall(r"\bg_\w+", cuobjdump(cubin, "-elf")))
