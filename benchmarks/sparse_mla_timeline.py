@@ -35,8 +35,7 @@ SPLITS = 2  # a request's slices: clusters of 2 CTAs, as the dispatchers pick at
 @dataclass(frozen=True)
 class Layout:
     source: str
-    entry: str
-    defines: tuple[tuple[str, int], ...]
+    defines: tuple[tuple[str, int], ...]  # the launcher's at B=64 (the test compiles the marked copy with them)
     points: list[str]
     phases: list[str]
     iteration: str  # what one iteration of a consumer warpgroup covers
@@ -64,7 +63,7 @@ def mark(anchor: str, before: str = "", after: str = "") -> tuple[str, str]:
 
 
 MANY = Layout(  # two consumer warpgroups, an iteration of each two tiles (its own and the other's)
-    "sparse_mla_wgmma.cu", "sparse_mla_wgmma", (("SPARSE_MLA_SPLITS", SPLITS),),
+    "sparse_mla_wgmma.cu", (("SPARSE_MLA_SPLITS", SPLITS),),
     ["start", "q staged", "tile 0 landed", "loop end", "merge barrier 1", "merge barrier 2", "end"],
     ["wait for its tile", "S^T", "wait for the other's P^T", "P.V, the other's tile", "softmax, P^T stored",
      "P.V, its own tile", "to the next iteration"],
@@ -92,7 +91,7 @@ MANY = Layout(  # two consumer warpgroups, an iteration of each two tiles (its o
     ]))
 
 FEW = Layout(  # 16 heads on wgmma: two teams (warpgroups) taking the tiles in turn, an iteration of each one tile
-    "sparse_mla_decode.cu", "sparse_mla_decode",
+    "sparse_mla_decode.cu",
     (("SPARSE_MLA_TILE", 64), ("SPARSE_MLA_STAGES", 3), ("SPARSE_MLA_HEAD_TILES", 2), ("SPARSE_MLA_CTAS_PER_SM", 1),
      ("SPARSE_MLA_PRODUCERS", 4), ("SPARSE_MLA_SPLITS", SPLITS), ("SPARSE_MLA_TEAMS", 2), ("SPARSE_MLA_WGMMA", 1)),
     ["start", "q staged", "tile 0 landed", "the last team's loop end", "every CTA's groups in", "end"],
@@ -158,17 +157,27 @@ def main() -> None:
     calls = [lambda s=s: decode(s[0], cache, s[1], 576**-0.5, num_splits=SPLITS, out=s[2], out_lse=s[3]) for s in sets]
     plain_us = measure.cold_graph_median_ms(calls, bytes_) * 1e3
     points_n, phases_n = len(layout.points), len(layout.phases)
+    loaded = []  # the marked kernel, as the launcher loads it
+    load = cuda_module.load
+
+    def load_and_keep(*args, **kwargs):
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
+
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / layout.source).write_text(instrumented(layout, (cuda_module.CSRC / layout.source).read_text()))
         for header in cuda_module.CSRC.glob("*.cuh"):
             (Path(tmp) / header.name).write_text(header.read_text())
         cuda_module.CSRC = Path(tmp)
-        cuda_module.load.cache_clear()
+        load.cache_clear()
+        cuda_module.load = load_and_keep
         marked_us = measure.cold_graph_median_ms(calls, bytes_) * 1e3
-        for call in calls:  # the last call's marks: its inputs are out of L2
+        for call in calls[:-1]:  # the other sets' rows evict the last set's from L2
             call()
+        torch.cuda.synchronize()  # and the last call runs alone: none of its CTAs starts during another call
+        calls[-1]()
         torch.cuda.synchronize()
-        kernel = cuda_module.load(layout.source, layout.entry, 0, layout.defines, arch_suffix="a")
+        kernel = loaded[-1]
         ctas = SPLITS * batch
         points = read_global(kernel.function, "g_points", ctypes.c_uint64, MAX_CTAS * points_n)
         tiles = read_global(kernel.function, "g_tiles", ctypes.c_uint64, MAX_CTAS * 2 * MAX_ITERATIONS * 2)
