@@ -115,6 +115,7 @@ struct WgmmaShared {
   float tile_max[kTeams][kWarps][kHeads];  // each warp's maximum of a tile's scores, per head
   float tile_ref[kTeams][kWarps];          // and of its tokens' group scales
   float l[kTeams][kWarps][kHeads];         // each warp's sum of exponentials, at the end
+  float weight[kSplits][kHeads];           // the merge's: each part's weight for each head
 };
 
 // The merge of the wgmma consumers, every value in the order of the threads that hold it (a warp's
@@ -718,11 +719,9 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
       }
   }
   cluster_sync();  // every CTA's groups are in
-  // This CTA's groups from every part -> out [b, :H, dims] bf16, and lse; a head a turn, the loop
-  // rolled: code that runs once a CTA comes cold from memory (unrolled, the combine took 1.4 us).
-#pragma unroll 1
-  for (int hi = 0; hi < 4; ++hi) {
-    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+  // Each part's weight for each head, 2^(m_c - m) / sum, and the head's lse, once a head.
+  if (j == 0 && lane < kHeads) {
+    const int h = lane;
     float m = -kInf, w[kSplits], sum = 0.f;
 #pragma unroll
     for (int c = 0; c < kSplits; ++c) m = fmaxf(m, sh.parts[c].m[h]);
@@ -732,19 +731,28 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
       sum += w[c] * sh.parts[c].l[h];
     }
     const float inv_l = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int c = 0; c < kSplits; ++c) sh.wg.weight[c][h] = w[c] * inv_l;
+    if (split == 0 && h < H) out_lse[(long long)b * H + h] = sum > 0.f ? (m + log2f(sum)) * 0.6931471805599453f : -kInf;
+  }
+  team_sync(team);
+  // This CTA's groups from every part -> out [b, :H, dims] bf16, a head a turn, the loop rolled:
+  // code that runs once a CTA comes cold from memory (unrolled, the combine took 1.4 us).
+#pragma unroll 1
+  for (int hi = 0; hi < 4; ++hi) {
+    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
     if (h >= H) continue;
-    if (split == 0 && j == 0 && g == 0)
-      out_lse[(long long)b * H + h] = sum > 0.f ? (m + log2f(sum)) * 0.6931471805599453f : -kInf;
 #pragma unroll
     for (int gl = 0; gl < kGroupsMerged; ++gl) {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int c = 0; c < kSplits; ++c) {
+        const float w = sh.wg.weight[c][h];
         const float4 v = sh.parts[c].o[gl][hi][tt];
-        acc.x += v.x * w[c]; acc.y += v.y * w[c]; acc.z += v.z * w[c]; acc.w += v.w * w[c];
+        acc.x += v.x * w; acc.y += v.y * w; acc.z += v.z * w; acc.w += v.w * w;
       }
       *reinterpret_cast<uint2*>(out + ((long long)b * H + h) * 512 + 128 * (split + kSplits * gl) + 32 * j + 4 * g) =
-          make_uint2(pack_bf16x2(acc.x * inv_l, acc.y * inv_l), pack_bf16x2(acc.z * inv_l, acc.w * inv_l));
+          make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
     }
   }
 }
