@@ -637,10 +637,11 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
     *reinterpret_cast<float2*>(&sh.wg.l[team][j][8 + 2 * t]) = make_float2(l_run[2], l_run[3]);
   }
   team_sync(team);
+  const auto head = [&](int hi) { return 8 * (hi >> 1) + 2 * t + (hi & 1); };  // the thread's head hi
   float l[4];  // the team's sum of each of the thread's heads
 #pragma unroll
   for (int hi = 0; hi < 4; ++hi) {
-    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+    const int h = head(hi);
     l[hi] = sh.wg.l[team][0][h] + sh.wg.l[team][1][h] + sh.wg.l[team][2][h] + sh.wg.l[team][3][h];
   }
   // The thread's dims 32j + 4g .. + 3 of group p for head hi, times f: slab 0's rows g, g + 8, then
@@ -660,7 +661,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
     if (j == 0 && g == 0)
 #pragma unroll
       for (int hi = 0; hi < 4; ++hi) {
-        const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+        const int h = head(hi);
         team_part.m[h] = m_run[hi];
         team_part.l[h] = l[hi];
       }
@@ -677,7 +678,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
     float w[4];  // the first team's weight
 #pragma unroll
     for (int hi = 0; hi < 4; ++hi) {
-      const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+      const int h = head(hi);
       const float m0 = team_part.m[h], m = fmaxf(m0, m_run[hi]);
       w[hi] = exp2_approx(m0 - m);
       f[hi] *= exp2_approx(m_run[hi] - m);
@@ -713,7 +714,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
     if (p < kSplits && j == 0 && g == 0)  // m and l once to each merger
 #pragma unroll
       for (int hi = 0; hi < 4; ++hi) {
-        const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+        const int h = head(hi);
         cluster_store(cluster_addr(&to.m[h], merger), m_run[hi]);
         cluster_store(cluster_addr(&to.l[h], merger), l[hi]);
       }
@@ -740,7 +741,7 @@ __device__ __forceinline__ void consume_wgmma(Shared& sh, unsigned short* __rest
   // code that runs once a CTA comes cold from memory (unrolled, the combine took 1.4 us).
 #pragma unroll 1
   for (int hi = 0; hi < 4; ++hi) {
-    const int h = 8 * (hi >> 1) + 2 * t + (hi & 1);
+    const int h = head(hi);
     if (h >= H) continue;
 #pragma unroll
     for (int gl = 0; gl < kGroupsMerged; ++gl) {
