@@ -36,7 +36,7 @@ from longctx_kernels.cp_sharding import dcp_local_positions, dcp_local_positions
 from longctx_kernels.hisparse import gather_rows
 from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk, radix_topk_cuda
 from longctx_kernels.lse_merge import lse_merge, lse_merge_reference
-from longctx_kernels.sparse_mla import (pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda,
+from longctx_kernels.sparse_mla import (random_fp8_ds_mla_cache, sparse_mla_decode, sparse_mla_decode_cuda,
                                         sparse_mla_decode_reference, sparse_mla_decode_wgmma)
 
 ROWS: list[dict] = []
@@ -235,12 +235,7 @@ def _mla_candidates(heads):
 
 def bench_sparse_mla(gen):
     batch, ctx, topk = 64, 65536, 2048
-    pages = ctx // 64
-    num_rows = batch * ctx
-    cache = torch.empty(num_rows, 656, dtype=torch.uint8, device="cuda")
-    for s in range(0, num_rows, 1 << 20):  # pack in slices to bound the fp32 temporaries
-        cache[s : s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, num_rows - s), 576, device="cuda", generator=gen))
-    cache = cache.reshape(batch * pages, 64, 656)
+    cache = random_fp8_ds_mla_cache(batch * ctx, gen)
     sm_scale = 576**-0.5
     # Each request selects 2048 distinct tokens of its own 64K-token context; every set its own.
     def random_slots():

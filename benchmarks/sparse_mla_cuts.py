@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from longctx_kernels import cuda_module, measure
-from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda
+from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache, sparse_mla_decode_cuda
 
 SOURCE = "sparse_mla_decode.cu"
 NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")
@@ -76,11 +76,7 @@ def main() -> None:
     cuts, layouts = (CUTS, LAYOUTS) if heads == 8 else (WGMMA_CUTS, [dict()])
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch, ctx, topk = 64, 65536, 2048
-    rows = batch * ctx
-    cache = torch.empty(rows, 656, dtype=torch.uint8, device="cuda")
-    for s in range(0, rows, 1 << 20):
-        cache[s:s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, rows - s), 576, device="cuda", generator=gen))
-    cache = cache.reshape(rows // 64, 64, 656)
+    cache = random_fp8_ds_mla_cache(batch * ctx, gen)
     slots = slot_pattern(pattern, batch, ctx, topk, gen)
     q = torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16()
     floor_us = batch * topk * 656 / measure.hbm_copy_bandwidth() * 1e6

@@ -26,7 +26,7 @@ import torch
 from cuda.bindings import driver
 
 from longctx_kernels import cuda_module, measure
-from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_cuda, sparse_mla_decode_wgmma
+from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache, sparse_mla_decode_cuda, sparse_mla_decode_wgmma
 
 MAX_CTAS, MAX_ITERATIONS = 1024, 32
 SPLITS = 2  # a request's slices: clusters of 2 CTAs, as the dispatchers pick at B=64 on an H200
@@ -144,11 +144,7 @@ def main() -> None:
     decode = sparse_mla_decode_wgmma if layout is MANY else sparse_mla_decode_cuda
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch, ctx, topk = 64, 65536, 2048
-    rows = batch * ctx
-    cache = torch.empty(rows, 656, dtype=torch.uint8, device="cuda")
-    for s in range(0, rows, 1 << 20):
-        cache[s:s + (1 << 20)] = pack_fp8_ds_mla_rows(torch.randn(min(1 << 20, rows - s), 576, device="cuda", generator=gen))
-    cache = cache.reshape(rows // 64, 64, 656)
+    cache = random_fp8_ds_mla_cache(batch * ctx, gen)
     bytes_ = batch * topk * 656 + batch * heads * (576 * 2 + 512 * 2 + 4) + batch * topk * 4
     sets = [(torch.randn(batch, heads, 576, device="cuda", generator=gen).bfloat16(),
              torch.stack([torch.randperm(ctx, device="cuda", generator=gen)[:topk] + b * ctx for b in range(batch)]).int(),

@@ -49,6 +49,16 @@ def pack_fp8_ds_mla_rows(kv: torch.Tensor) -> torch.Tensor:
     )
 
 
+def random_fp8_ds_mla_cache(num_rows: int, generator: torch.Generator, page: int = 64) -> torch.Tensor:
+    """A benchmark's cache on the GPU: [num_rows / page, page, 656] uint8 rows of N(0, 1) values,
+    packed 2^20 rows at a time to bound the fp32 temporaries."""
+    cache = torch.empty(num_rows, ROW_BYTES, dtype=torch.uint8, device="cuda")
+    for s in range(0, num_rows, 1 << 20):
+        cache[s : s + (1 << 20)] = pack_fp8_ds_mla_rows(
+            torch.randn(min(1 << 20, num_rows - s), LATENT + ROPE, device="cuda", generator=generator))
+    return cache.reshape(num_rows // page, page, ROW_BYTES)
+
+
 def unpack_fp8_ds_mla_rows(rows: torch.Tensor) -> torch.Tensor:
     """[n, 656] uint8 -> [n, 576] fp32 (the dequantized latent and rope)."""
     latent = rows[:, :LATENT].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, LATENT // GROUP, GROUP)
