@@ -171,8 +171,36 @@ class ExtraArgs(APIObject):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ThreadsBind(APIObject):
+    """VLLM_CPU_OMP_THREADS_BIND of each role's engine: the cores its OpenMP threads pin."""
+
+    prefill: str = api_field("Cores of the prefill engine (auto, or a list like 0-3).", "auto",
+                             max_length=256)
+    decode: str = api_field("Cores of the decode engine (auto, or a list like 4-7).", "auto",
+                            max_length=256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPUPlatform(APIObject):
+    """vLLM's CPU backend: what a pod of each role gets on a CPU node."""
+
+    kvCacheSpace: Quantity = api_field(
+        "KV cache of each engine in host memory (VLLM_CPU_KVCACHE_SPACE; whole GiB).", "1Gi")
+    coresPerPod: int = api_field("CPU cores each engine pod requests.", 4, minimum=1,
+                                 maximum=512)
+    threadsBind: ThreadsBind = api_field("Core pinning per role.", ThreadsBind())
+
+
+@dataclass(frozen=True, kw_only=True)
 class Engine(APIObject):
     """The vLLM engine image and settings shared by both roles."""
+
+    platform: str = api_field(
+        "gpu: H200 nodes, vLLM 0.33 with the context-parallel and HiSparse kernels. cpu: "
+        "vLLM's CPU backend (vllm-cpu 0.32) on CPU nodes, one NixlConnector over UCX with "
+        "DRAM buffers; for trying longctx and testing configurations without GPUs.", "gpu",
+        enum=("gpu", "cpu"))
+    cpu: CPUPlatform = api_field("Settings of the cpu platform.", CPUPlatform())
 
     image: str = api_field("Engine image (vLLM 0.33.0 plus longctx's engine and kernels).",
                            "ghcr.io/longctx/engine:0.1.0", max_length=MAX_IMAGE_LENGTH,
@@ -369,9 +397,19 @@ class GatewayRef(APIObject):
 
 @dataclass(frozen=True, kw_only=True)
 class Router(APIObject):
-    """The llm-d prefix-aware router: InferencePool, endpoint picker, decode routing sidecar."""
+    """The prefix-aware router in front of the engines: llm-d's (InferencePool, endpoint
+    picker, decode routing sidecar) or vLLM's own (vllm-router)."""
 
     enabled: bool = api_field("Deploy the router objects.", True)
+    type: str = api_field(
+        "llm-d: an InferencePool, llm-d's endpoint picker and the decode routing sidecar. "
+        "vllm-router: a Deployment and Service of vLLM's router, which discovers the serving "
+        "revision's prefill and decode pods by label and drives the P/D legs itself.",
+        "llm-d", enum=("llm-d", "vllm-router"))
+    vllmRouterImage: str = api_field(
+        "vllm-router image.", "ghcr.io/longctx/vllm-router:0.1.17",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "vllmRouterImage", "ghcr.io/longctx/vllm-router:0.1.17"),))
     pickerImage: str = api_field(
         "Endpoint picker image.", "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0",
         max_length=MAX_IMAGE_LENGTH, rules=(image_rule(

@@ -66,8 +66,17 @@ DOWNWARD_ENV = ((ENV_POD_NAME, "metadata.name"), (ENV_POD_NAMESPACE, "metadata.n
 ENGINE_CONTAINER = "engine"
 ENGINE_CONTAINER_COMMAND = ("longctx-engine", "run")
 CONFIG_DIR = "/etc/longctx"
-CONFIG_KEY = "engine.yaml"
-CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+
+
+def launch_key(role: str) -> str:
+    """The engine ConfigMap's key of a role's launch document (launch.py)."""
+    return f"{role}.json"
+
+
+def launch_path(role: str) -> str:
+    return f"{CONFIG_DIR}/{launch_key(role)}"
+
+
 MODEL_MOUNT = "/models"                # where a PVC model source is mounted
 MODEL_LINK_DIR = "/tmp/longctx-model"  # see recipes.EngineCommand.workdir
 # The vLLM image defines no user and runs as any uid once HOME (the HF, Triton, NVRTC and

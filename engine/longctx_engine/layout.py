@@ -128,8 +128,12 @@ class EnginePorts:
         return "/readyz" if self.supervisor is not None else "/health"
 
 
-def engine_ports(layout: Layout, side_channel_port: int) -> EnginePorts:
-    base = contract.ENGINE_BASE_PORTS[layout.role]
+def engine_ports(layout: Layout, side_channel_port: int, decode_sidecar: bool = True
+                 ) -> EnginePorts:
+    """`decode_sidecar`: llm-d's routing sidecar takes the decode pod's serving ports and
+    forwards to the engine's; vllm-router reaches every engine on the serving ports."""
+    base = contract.ENGINE_BASE_PORTS[layout.role] if decode_sidecar \
+        else contract.SERVING_BASE_PORT
     n = layout.ranks_per_pod
     multi = layout.dp_mode == "multi-port"
     return EnginePorts(

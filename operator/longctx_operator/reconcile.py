@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 from longctx_engine import api, contract
 from longctx_engine.compat import pd_compatibility
-from longctx_engine.engine_config import parse_engine_config, render_engine_config
-from longctx_engine.identity import PodIdentity
+from longctx_engine.launch import LaunchDocument, LaunchError, fill, parse
+from longctx_engine.recipes import EngineCommand
 from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.quantity import parse_bytes
 from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
@@ -81,13 +81,12 @@ def _label(obj: dict[str, Any]) -> str:
     return "/".join(_key(obj))
 
 
-def check_pair(prefill: RolePlan, decode: RolePlan, cr_name: str, namespace: str) -> None:
+def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
     """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
-    handshake. The two plans may come from different specs: an in-place roll of one role
-    pairs its new engines with the other role's running ones."""
-    commands = [plan.command(PodIdentity.first(
-        cr_name, namespace, contract.statefulset(cr_name, plan.role, plan.revision)))
-        for plan in (prefill, decode)]
+    handshake. The two documents may come from different renderings: an in-place roll of
+    one role pairs its new engines with the other role's running ones."""
+    commands = [EngineCommand(**vars(fill(doc, f"{doc.deployment}-{doc.role}-0", "0.0.0.0")))
+                for doc in (prefill, decode)]
     mismatches = pd_compatibility(*commands)
     if mismatches:
         raise RecipeError("prefill and decode engines are incompatible for NIXL: "
@@ -137,7 +136,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
             refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
             plan = serving_plan(spec, name)
-            check_pair(plan.prefill, plan.decode, name, namespace)
+            check_pair(*(role.launch_document(name, namespace) for role in plan.roles))
             _check_in_place_pair(kube, cr, plan)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
@@ -227,20 +226,22 @@ def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeplo
 
 
 def _check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> None:
-    """An in-place roll restarts only the role whose command changed: its new engines pair
-    with the other role's running ones, whose spec is the revision's live config."""
+    """An in-place roll restarts only the role whose launch document changed: its new
+    engines pair with the other role's running ones, which run the live documents."""
     meta = cr["metadata"]
     live = kube.get("v1", "ConfigMap", meta["namespace"],
                     contract.engine_configmap(meta["name"], plan.revision))
-    text = ((live or {}).get("data") or {}).get(contract.CONFIG_KEY)
-    if not text or text == render_engine_config(meta["name"], meta["namespace"], plan.spec):
-        return   # nothing rolls in place
+    data = (live or {}).get("data") or {}
+    new = {role.role: role.launch_document(meta["name"], meta["namespace"])
+           for role in plan.roles}
     try:
-        running = serving_plan(parse_engine_config(text).spec)
-    except (ValueError, RecipeError):
-        return   # a config this operator cannot read is replaced, not paired with
-    check_pair(plan.prefill, running.decode, meta["name"], meta["namespace"])
-    check_pair(running.prefill, plan.decode, meta["name"], meta["namespace"])
+        running = {role: parse(data[contract.launch_key(role)]) for role in contract.ROLES}
+    except (KeyError, LaunchError):
+        return   # a document this operator cannot read is replaced, not paired with
+    if running == new:
+        return   # nothing rolls in place
+    check_pair(new["prefill"], running["decode"])
+    check_pair(running["prefill"], new["decode"])
 
 
 def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]

@@ -105,7 +105,8 @@ def test_tier1_multiport_children_get_the_right_ranks_and_ports(vllm, variant: V
     spec = variant.spec()
     lay = role_plan(spec, variant.role).layout
     ports = role_plan(spec, variant.role).ports
-    first = recipes.start_rank(role_plan(spec, variant.role), pod(variant.role, variant.ordinal))
+    # The pod's first global rank, as the launcher fills ${START_RANK}.
+    first = (variant.ordinal % lay.pods_per_group) * lay.ranks_per_pod
     for i in range(lay.ranks_per_pod):
         c = child_args(vllm, args, i)
         c.model = c.model_tag

@@ -1,8 +1,10 @@
-"""`longctx-engine run`: config -> identity -> pre-checks -> printed command -> exec."""
+"""`longctx-engine run`: launch document -> filled for this pod -> pre-checks -> printed
+command -> exec."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 import subprocess
@@ -10,15 +12,14 @@ import sys
 
 import pytest
 
-from longctx_engine import entrypoint
-from longctx_engine.contract import CONFIG_DIR, CONFIG_KEY
-from longctx_engine.engine_config import (EngineConfigError, parse_engine_config,
-                                          read_engine_config, render_engine_config)
+from longctx_engine import entrypoint, launch
+from longctx_engine.contract import CONFIG_DIR, launch_key
 from longctx_engine.precheck import HostProbe
 from longctx_engine.quantity import GiB
+from longctx_engine.roles import serving_plan
 from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with
 
-ENV = {"POD_NAME": "glm-decode-1", "POD_NAMESPACE": "llm", "POD_IP": "10.2.3.4",
+ENV = {"POD_NAME": "glm-decode-abc-1", "POD_NAMESPACE": "llm", "POD_IP": "10.2.3.4",
        "VLLM_PORT": "tcp://10.9.9.9:8000", "PATH": "/usr/bin"}
 
 
@@ -27,42 +28,62 @@ def good_probe():
                      gpus=lambda: (8, "test"), vllm_version=lambda: "0.33.0", env={})
 
 
-@pytest.fixture()
-def config(tmp_path):
-    p = tmp_path / CONFIG_KEY
-    p.write_text(render_engine_config("glm", "llm", spec_with()))
+def write_document(tmp_path, spec, role="decode"):
+    p = tmp_path / launch_key(role)
+    p.write_text(serving_plan(spec).role(role).launch_document("glm", "llm").to_json())
     return str(p)
 
 
-def run(config, role="decode", dry_run=False, probe=None, env=ENV):
+@pytest.fixture()
+def config(tmp_path):
+    return write_document(tmp_path, spec_with())
+
+
+def run(config, dry_run=False, probe=None, env=ENV):
     out, err, calls = io.StringIO(), io.StringIO(), []
-    rc = entrypoint.run(role, config, dry_run, env=env, probe=probe or good_probe(), out=out,
+    rc = entrypoint.run(config, dry_run, env=env, probe=probe or good_probe(), out=out,
                         err=err, execvpe=lambda *a: calls.append(a))
     return rc, out.getvalue(), err.getvalue(), calls
 
 
-def test_engine_config_round_trip(config):
-    cfg = read_engine_config(config)
-    assert (cfg.cr_name, cfg.namespace) == ("glm", "llm")
-    assert cfg.spec == spec_with()
-    assert render_engine_config("glm", "llm", cfg.spec) == open(config).read()
-    assert CONFIG_DIR == "/etc/longctx" and CONFIG_KEY == "engine.yaml"
+def test_document_round_trip(config):
+    doc = launch.parse(open(config).read())
+    assert (doc.deployment, doc.namespace, doc.role) == ("glm", "llm", "decode")
+    assert doc.to_json() == open(config).read()
+    assert CONFIG_DIR == "/etc/longctx" and launch_key("decode") == "decode.json"
 
 
-def test_engine_config_accepts_manifest_and_configmap(config):
-    assert read_engine_config(EXAMPLE).cr_name == "glm"
-    import yaml
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-engine"},
-          "data": {CONFIG_KEY: open(config).read()}}
-    assert parse_engine_config(yaml.safe_dump(cm)).namespace == "llm"
-    with pytest.raises(EngineConfigError, match="unknown field.*bogus"):
-        parse_engine_config("name: x\nspec: {bogus: 1, model: {}}")
-    with pytest.raises(EngineConfigError, match="cannot read"):
-        read_engine_config("/nonexistent/engine.yaml")
+def test_other_format_versions_are_refused_with_both_versions(config):
+    raw = json.loads(open(config).read())
+    for version in (0, 2, None):
+        raw["format_version"] = version
+        with pytest.raises(launch.LaunchError) as e:
+            launch.parse(json.dumps(raw))
+        assert f"format {version!r}" in str(e.value) and "runs format 1" in str(e.value)
+        assert "spec.engine.image" in str(e.value)
+    raw["format_version"] = 1
+    raw["bogus"] = 1
+    with pytest.raises(launch.LaunchError, match="bogus"):
+        launch.parse(json.dumps(raw))
+
+
+def test_placeholders_are_filled_per_pod():
+    spec = spec_with(lambda d: d["decode"].update(replicas=4, dataParallel=16))
+    doc = serving_plan(spec).decode.launch_document("glm", "llm")
+    assert launch.placeholders_used(doc) <= set(launch.PLACEHOLDERS)
+    assert "${START_RANK}" in doc.argv and "${POD_IP}" in doc.env.values()
+    pod3 = launch.fill(doc, "glm-decode-abc-3", "10.0.0.3")
+    assert pod3.argv[pod3.argv.index("--data-parallel-start-rank") + 1] == "8"
+    assert pod3.argv[pod3.argv.index("--data-parallel-address") + 1] == \
+        "glm-decode-abc-2.glm-decode.llm.svc"
+    assert pod3.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(5600 - 8)
+    assert not any("${" in a for a in pod3.argv + list(pod3.env.values()))
+    with pytest.raises(launch.LaunchError, match="ordinal"):
+        launch.fill(doc, "no-ordinal", "10.0.0.3")
 
 
 def test_run_execs_vllm_with_env(config, monkeypatch):
-    monkeypatch.setattr(entrypoint, "prepare_workdir", lambda cmd: None)
+    monkeypatch.setattr(entrypoint, "prepare_workdir", lambda doc: None)
     rc, out, err, calls = run(config)
     assert rc == 0 and err == ""
     (file, argv, env), = calls
@@ -91,58 +112,51 @@ def test_dry_run_prints_and_exits_zero_despite_failures(config):
     assert "vllm serve zai-org/GLM-5.3-FP8" in out
 
 
-def test_missing_pod_env_and_bad_spec(config, tmp_path):
+def test_missing_pod_env_and_unreadable_document(config, tmp_path):
     rc, _, err, _ = run(config, env={})
     assert rc == 2 and "POD_IP" in err
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(render_engine_config("glm", "llm", spec_with(
-        lambda d: d["prefill"]["contextParallel"].update(commBackend="a2a"))))
-    rc, _, err, _ = run(str(bad), role="prefill")
-    assert rc == 2 and "commBackend" in err
+    rc, _, err, _ = run(str(tmp_path / "missing.json"))
+    assert rc == 2 and "cannot read launch document" in err
 
 
 def test_prepare_workdir_links_the_model(tmp_path, monkeypatch):
-    from longctx_engine.recipes import EngineCommand
     monkeypatch.chdir(tmp_path)
-    cmd = EngineCommand(argv=["vllm"], env={}, workdir=str(tmp_path / "w"),
-                        symlinks={"org/model": str(tmp_path)})
-    entrypoint.prepare_workdir(cmd)
-    entrypoint.prepare_workdir(cmd)   # idempotent on restart
+    doc = launch.LaunchDocument(deployment="glm", namespace="llm", role="decode",
+                                argv=["vllm"], env={}, vllm_version="0.33.0",
+                                workdir=str(tmp_path / "w"),
+                                model_links={"org/model": str(tmp_path)})
+    entrypoint.prepare_workdir(doc)
+    entrypoint.prepare_workdir(doc)   # idempotent on restart
     assert os.readlink(tmp_path / "w" / "org" / "model") == str(tmp_path)
     assert os.getcwd() == str(tmp_path / "w")
 
 
-def test_cli_dry_run_for_the_example():
+def test_cli_dry_run_prints_what_render_wrote(tmp_path):
+    """`longctx render --launch ROLE` writes the document; the entrypoint's dry run
+    prints exactly the argv that RolePlan.command fills for pod 0."""
     for role in ("prefill", "decode"):
-        r = subprocess.run([sys.executable, "-m", "longctx_engine.entrypoint", "run", "--role",
-                            role, "--config", str(EXAMPLE), "--dry-run"],
-                           capture_output=True, text=True,
+        doc = tmp_path / f"{role}.json"
+        r = subprocess.run([sys.executable, "-m", "longctx_operator.cli", "render", "-f",
+                            str(EXAMPLE), "--launch", role], capture_output=True, text=True,
+                           env={**os.environ})
+        assert r.returncode == 0, r.stderr
+        doc.write_text(r.stdout)
+        r = subprocess.run([sys.executable, "-m", "longctx_engine.entrypoint", "run",
+                            str(doc), "--dry-run"], capture_output=True, text=True,
                            env={"PYTHONPATH": str(REPO / "engine"), "PATH": os.environ["PATH"]})
         assert r.returncode == 0, r.stderr
-        assert "vllm serve zai-org/GLM-5.3-FP8" in r.stdout
+        parsed = launch.parse(doc.read_text())
+        filled = launch.fill(parsed, f"glm-{role}-0", "127.0.0.1")
+        assert shlex.join(filled.argv) in r.stdout.splitlines()
         assert "--kv-transfer-config" in r.stdout
-
-
-def test_engine_config_from_longctx_render_stream(config):
-    import yaml
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-engine"},
-          "data": {CONFIG_KEY: open(config).read()}}
-    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-epp"},
-             "data": {"x": "y"}}
-    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "glm-decode"}}
-    cfg = parse_engine_config(yaml.safe_dump_all([sts, other, cm, None]))
-    assert (cfg.cr_name, cfg.namespace) == ("glm", "llm")
-    with pytest.raises(EngineConfigError, match="exactly one"):
-        parse_engine_config(yaml.safe_dump_all([cm, cm]))
 
 
 @pytest.mark.parametrize("verdict, started", [(0, True), (1, False)])
 def test_preflight_runs_before_vllm_when_asked(tmp_path, verdict, started):
-    p = tmp_path / CONFIG_KEY
-    p.write_text(render_engine_config("glm", "llm", spec_with(
-        lambda d: d.setdefault("engine", {}).__setitem__("preflight", True))))
+    p = write_document(tmp_path, spec_with(
+        lambda d: d.setdefault("engine", {}).__setitem__("preflight", True)))
     out, err, calls, checks = io.StringIO(), io.StringIO(), [], []
-    rc = entrypoint.run("decode", str(p), env=ENV, probe=good_probe(), out=out, err=err,
+    rc = entrypoint.run(p, env=ENV, probe=good_probe(), out=out, err=err,
                         execvpe=lambda *a: calls.append(a),
                         preflight=lambda: checks.append(1) or verdict)
     assert checks == [1]

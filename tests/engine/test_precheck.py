@@ -9,53 +9,64 @@ from longctx_engine import precheck
 from longctx_engine.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
                                      check_shm, check_vllm_version, run_prechecks)
 from longctx_engine.quantity import GiB
+from longctx_engine.roles import serving_plan
 from tests.contract.variants import seed_spec as spec_with
 
 SPEC = spec_with()
 
 
+def document(spec, role):
+    return serving_plan(spec).role(role).launch_document("glm", "llm")
+
+
+def req(spec, role, kind):
+    """The requirement of `kind` the operator renders into the role's launch document."""
+    found = [r for r in document(spec, role).requirements if r.kind == kind]
+    return found[0] if found else None
+
+
 def test_shm_too_small():
-    r = check_shm(SPEC, "prefill", 64 * GiB)
+    r = check_shm(req(SPEC, "prefill", "shm"), 64 * GiB)
     assert not r.ok
     assert "64.0 GiB free" in r.message and "512.0 GiB" in r.message
     assert "sizeLimit of at least 524.0 GiB" in r.message
     assert "spec.prefill.cpuOffloadPerRank" in r.message
-    r = check_shm(SPEC, "decode", 100 * GiB)
+    r = check_shm(req(SPEC, "decode", "shm"), 100 * GiB)
     assert not r.ok and "8 rank(s) x 16.0 GiB" in r.message and "128.0 GiB" in r.message
-    assert check_shm(SPEC, "decode", 200 * GiB).ok
-    assert not check_shm(SPEC, "decode", None).ok
+    assert check_shm(req(SPEC, "decode", "shm"), 200 * GiB).ok
+    assert not check_shm(req(SPEC, "decode", "shm"), None).ok
 
 
 def test_shm_not_needed_without_offload():
     spec = spec_with(lambda d: d["prefill"].update(cpuOffloadPerRank=0))
-    assert check_shm(spec, "prefill", 0).ok
+    assert req(spec, "prefill", "shm") is None
 
 
 def test_host_memory_for_hisparse_pools():
-    r = check_host_memory(SPEC, "decode", 400 * GiB)
+    r = check_host_memory(req(SPEC, "decode", "host-memory"), 400 * GiB)
     assert not r.ok
     assert "HiSparse pins 8 x 48.0 GiB = 384.0 GiB" in r.message
     assert "spec.decode.hiSparse.hostPoolPerRank" in r.message
     assert "95%" in r.message
-    assert check_host_memory(SPEC, "decode", 1800 * GiB).ok
-    r = check_host_memory(SPEC, "decode", None)
+    assert check_host_memory(req(SPEC, "decode", "host-memory"), 1800 * GiB).ok
+    r = check_host_memory(req(SPEC, "decode", "host-memory"), None)
     assert r.ok and r.warning
 
 
 def test_host_memory_for_prefill_offload():
-    r = check_host_memory(SPEC, "prefill", 256 * GiB)
+    r = check_host_memory(req(SPEC, "prefill", "host-memory"), 256 * GiB)
     assert not r.ok and "spec.prefill.cpuOffloadPerRank" in r.message
     assert "hiSparse" not in r.message
 
 
 def test_gpu_count():
-    r = check_gpus(SPEC, "prefill", 4, "nvidia-smi -L")
+    r = check_gpus(req(SPEC, "prefill", "gpus"), 4, "nvidia-smi -L")
     assert not r.ok
     assert "4 visible" in r.message and "1 rank(s) x 8 GPU(s)" in r.message
     assert "nvidia.com/gpu: 8" in r.message
-    assert not check_gpus(SPEC, "decode", None, "nothing").ok
-    assert check_gpus(SPEC, "decode", 8, "x").ok
-    many = check_gpus(SPEC, "decode", 16, "x")
+    assert not check_gpus(req(SPEC, "decode", "gpus"), None, "nothing").ok
+    assert check_gpus(req(SPEC, "decode", "gpus"), 8, "x").ok
+    many = check_gpus(req(SPEC, "decode", "gpus"), 16, "x")
     assert many.ok and many.warning
 
 
@@ -111,9 +122,10 @@ def test_meminfo_and_statvfs(tmp_path):
 def test_run_prechecks_with_injected_probe():
     probe = HostProbe(shm_free=lambda: 200 * GiB, mem_available=lambda: 1800 * GiB,
                       gpus=lambda: (8, "test"), vllm_version=lambda: "0.33.0", env={})
-    results = run_prechecks(SPEC, "decode", probe)
+    results = run_prechecks(document(SPEC, "decode"), probe)
     assert [r.name for r in results] == ["vLLM version", "GPUs", "/dev/shm", "host memory",
                                          "environment"]
     assert all(r.ok for r in results), [r.line() for r in results]
     probe.shm_free = lambda: 1 * GiB
-    assert [r.name for r in run_prechecks(SPEC, "decode", probe) if not r.ok] == ["/dev/shm"]
+    assert [r.name for r in run_prechecks(document(SPEC, "decode"), probe)
+            if not r.ok] == ["/dev/shm"]

@@ -272,12 +272,26 @@ def test_container_command_is_the_console_script():
 
 def test_engine_package_imports_neither_vllm_nor_torch():
     code = ("import sys; import longctx_engine.recipes, longctx_engine.compat, "
-            "longctx_engine.precheck, longctx_engine.entrypoint, longctx_engine.engine_config; "
+            "longctx_engine.precheck, longctx_engine.entrypoint; "
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={"PYTHONPATH": str(REPO / "engine")})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_launcher_imports_no_planner_model_or_api():
+    """The pod runs what the operator rendered: the launcher loads no code that could
+    compute it again (and so cannot disagree with the operator that rendered it)."""
+    code = ("import sys, json; import longctx_engine.entrypoint; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('longctx_'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(REPO / "engine")})
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    assert loaded == {"longctx_engine", "longctx_engine.contract", "longctx_engine.entrypoint",
+                      "longctx_engine.launch", "longctx_engine.precheck",
+                      "longctx_engine.quantity"}, loaded
 
 
 def test_operator_package_imports_neither_vllm_nor_torch():

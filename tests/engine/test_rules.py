@@ -136,6 +136,8 @@ CASES = [
      "spec.router.pickerImage", "is not an image reference"),
     ("sidecar-image-not-a-reference", _set("router.sidecarImage", "sidecar:v1\n"),
      "spec.router.sidecarImage", "is not an image reference"),
+    ("vllm-router-image-not-a-reference", _set("router.vllmRouterImage", "Router:1"),
+     "spec.router.vllmRouterImage", "is not an image reference"),
     ("model-name-read-as-a-flag", _set("model.name", "--trust-remote-code"),
      "spec.model.name", "is not one --model word"),
     ("served-name-with-a-space", _set("model.servedName", "glm 5"),

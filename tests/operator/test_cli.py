@@ -52,7 +52,7 @@ def test_render_prints_the_whole_graph_as_plain_manifests():
     assert all("ownerReferences" not in d["metadata"] for d in docs)
     engine = next(d for d in docs if d["kind"] == "ConfigMap"
                   and d["metadata"]["name"].startswith("glm-engine-"))
-    assert "engine.yaml" in engine["data"]
+    assert set(engine["data"]) == {"prefill.json", "decode.json"}
 
 
 def test_bad_spec_names_the_field():

@@ -50,7 +50,7 @@ def test_statefulset_shape(role):
     assert labels["llm-d.ai/role"] == role and labels["llm-d.ai/inference-serving"] == "true"
     podspec = pod(objs, role)
     engine = podspec["containers"][0]
-    assert engine["command"][:4] == ["longctx-engine", "run", "--role", role]
+    assert engine["command"] == ["longctx-engine", "run", f"/etc/longctx/{role}.json"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert parse_bytes(engine["resources"]["requests"]["memory"]) == role_plan(spec, role).memory.request
     shm = next(v for v in podspec["volumes"] if v["name"] == "dshm")["emptyDir"]

@@ -27,8 +27,9 @@ def _set_engine(**fields):
 def test_a_pair_across_specs_that_nixl_would_refuse_is_refused(edit, mismatch):
     old, new = serving_plan(spec_with()), serving_plan(spec_with(edit))
     with pytest.raises(RecipeError, match=mismatch):
-        check_pair(old.prefill, new.decode, "glm", "ns")
-    check_pair(old.prefill, old.decode, "glm", "ns")
+        check_pair(old.prefill.launch_document("glm", "ns"),
+                   new.decode.launch_document("glm", "ns"))
+    check_pair(old.prefill.launch_document("glm", "ns"), old.decode.launch_document("glm", "ns"))
 
 
 @pytest.mark.parametrize("edit", [

@@ -4,13 +4,10 @@ which every revision shares."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from longctx_engine import contract
-from longctx_engine.engine_config import render_engine_config
+from longctx_engine import contract, cpu_platform
 from longctx_engine.quantity import format_bytes
-from longctx_engine.identity import PodIdentity
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -21,6 +18,7 @@ TERMINATION_GRACE_SECONDS = 120
 PROBE_PERIOD_SECONDS = 10
 # CPU cores per pod: tokenizers, API servers, the offload and HiSparse copy threads.
 CPU_PER_GPU = 12
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def _meta(cr: dict[str, Any], name: str, component: str,
@@ -30,13 +28,20 @@ def _meta(cr: dict[str, Any], name: str, component: str,
             "ownerReferences": [contract.owner_reference(cr)]}
 
 
+def launch_documents(cr: dict[str, Any], plan: ServingPlan) -> dict[str, str]:
+    """Each role's launch document, by its ConfigMap key: what the role's pods run."""
+    meta = cr["metadata"]
+    return {contract.launch_key(role.role):
+            role.launch_document(meta["name"], meta["namespace"]).to_json()
+            for role in plan.roles}
+
+
 def engine_configmap(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
     meta = cr["metadata"]
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(cr, contract.engine_configmap(meta["name"], plan.revision),
                               contract.ENGINE_CONFIG_COMPONENT, plan.revision),
-            "data": {contract.CONFIG_KEY: render_engine_config(meta["name"], meta["namespace"],
-                                                               plan.spec)}}
+            "data": launch_documents(cr, plan)}
 
 
 def headless_service(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
@@ -125,6 +130,11 @@ def _env(role: RolePlan) -> list[dict[str, Any]]:
 
 
 def _resources(role: RolePlan) -> dict[str, Any]:
+    memory = format_bytes(role.memory.request)
+    if cpu_platform.is_cpu(role.spec):
+        cores = str(role.spec.engine.cpu.coresPerPod)
+        return {"requests": {"cpu": cores, "memory": memory},
+                "limits": {"cpu": cores, "memory": memory}}
     gpus = role.layout.gpusPerPod
     limits: dict[str, Any] = {"nvidia.com/gpu": str(gpus),
                               "memory": format_bytes(role.memory.request)}
@@ -159,10 +169,11 @@ def _volumes(cr_name: str, role: RolePlan) -> tuple[list[dict[str, Any]], list[d
 
 
 def _affinity(cr_name: str, role: RolePlan) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [{
-            "key": "nvidia.com/gpu.product", "operator": "In",
-            "values": [role.spec.placement.gpuProduct]}]}]}}}
+    out: dict[str, Any] = {} if cpu_platform.is_cpu(role.spec) else {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{
+                "key": "nvidia.com/gpu.product", "operator": "In",
+                "values": [role.spec.placement.gpuProduct]}]}]}}}
     key, scaling = role.spec.placement.topologyKey, role.spec.scaling
     if key and role.role == "decode":
         # A decode pod joins the domain of a prefill pod of its revision; with as many
@@ -190,15 +201,11 @@ def _spread(cr_name: str, role: RolePlan) -> dict[str, Any]:
 
 
 def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
-    """Changes whenever what the role's engine reads from the shared config changes (its
-    command, the preflight switch), so an edit of one role restarts only that role's pods."""
-    name = contract.statefulset(cr["metadata"]["name"], role.role, role.revision)
-    command = role.command(PodIdentity.first(cr["metadata"]["name"],
-                                             cr["metadata"]["namespace"], name))
-    return content_digest(json.dumps({"argv": command.argv, "env": command.env,
-                                      "workdir": command.workdir, "links": command.symlinks,
-                                      "preflight": role.spec.engine.preflight},
-                                     sort_keys=True))[:16]
+    """The digest of the role's launch document: an edit of one role, or an operator whose
+    rendering changed, restarts only that role's pods, through the StatefulSet's rolling
+    update."""
+    meta = cr["metadata"]
+    return content_digest(role.launch_document(meta["name"], meta["namespace"]).to_json())[:16]
 
 
 def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
@@ -208,8 +215,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     engine = {
         "name": contract.ENGINE_CONTAINER,
         "image": spec.engine.image,
-        "command": [*contract.ENGINE_CONTAINER_COMMAND, "--role", role.role, "--config",
-                    contract.CONFIG_PATH],
+        "command": [*contract.ENGINE_CONTAINER_COMMAND, contract.launch_path(role.role)],
         "env": _env(role),
         "ports": container_ports(role),
         "resources": _resources(role),
@@ -224,15 +230,17 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         **_spread(cr_name, role),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "automountServiceAccountToken": False,
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        "tolerations": [*([] if cpu_platform.is_cpu(spec) else [GPU_TOLERATION]),
                         *[dict(t) for t in spec.placement.tolerations]],
     }
+    if not pod_spec["affinity"]:
+        del pod_spec["affinity"]
     if spec.placement.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.placement.nodeSelector)
     if spec.placement.priorityClassName:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
-    if spec.router.enabled:
+    if spec.router.enabled and spec.router.type == "llm-d":
         # The picker offers only the ports this pod serves (one per rank).
         annotations.update(pod_annotations(role))
         if role.role == "decode":
