@@ -23,6 +23,7 @@ INTENDED = {
     "glm-5.3-baseline-a-dp8-prefill.yaml": 262144,          # seed baseline A
     "glm-5.3-baseline-b-offload-decode.yaml": 262144,       # seed baseline B
     "deepseek-v3.2-one-node-pair.yaml": 163840,             # first contact, one node pair
+    "tiny-mla-cpu.yaml": 2048,                              # no GPUs: vLLM's CPU backend
 }
 
 

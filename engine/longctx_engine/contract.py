@@ -45,6 +45,9 @@ NIXL_SIDE_CHANNEL_PORT = 5600
 PICKER_GRPC_PORT = 9002
 PICKER_HEALTH_PORT = 9003
 PICKER_METRICS_PORT = 9090
+# vllm-router's client port and its Prometheus exporter.
+VLLM_ROUTER_PORT = 8080
+VLLM_ROUTER_METRICS_PORT = 29000
 # An InferencePool lists at most this many target ports.
 MAX_POOL_TARGET_PORTS = 8
 
@@ -178,6 +181,11 @@ def picker(cr_name: str) -> str:
     """Deployment, Service, ConfigMap, ServiceAccount, Role, RoleBinding and PodMonitor of the
     picker."""
     return f"{cr_name}-epp"
+
+
+def vllm_router(cr_name: str) -> str:
+    """Deployment, Service, ServiceAccount, Role, RoleBinding and PodMonitor of vllm-router."""
+    return f"{cr_name}-router"
 
 
 def inference_pool(cr_name: str) -> str:

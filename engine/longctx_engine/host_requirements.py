@@ -38,9 +38,9 @@ def host_requirements(plan: "RolePlan") -> list[Requirement]:
             f"{_gib(memory.shm)}, or lower spec.{role}.cpuOffloadPerRank"))
     elif cpu_platform.is_cpu(spec):
         out.append(Requirement(
-            "shm", memory.shm, f"vLLM's shared-memory rings between its processes "
-            f"({_gib(memory.shm)})", f"mount /dev/shm as an emptyDir with medium Memory and "
-            f"sizeLimit of at least {_gib(memory.shm)}"))
+            "shm", cpu_platform.SHM_NEED, f"vLLM's shared-memory rings between its processes "
+            f"({_gib(cpu_platform.SHM_NEED)})", f"mount /dev/shm as an emptyDir with medium "
+            f"Memory and sizeLimit of at least {_gib(memory.shm)}"))
     pools = n * memory.hisparse_per_rank
     parts, fields = [], []
     if pools:

@@ -11,6 +11,7 @@ from .builders.autoscaling import autoscaling_objects
 from .builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from .builders.network_policy import network_policy
 from .builders.router import picker_pod_monitor, router_objects
+from .builders.vllm_router import vllm_router_pod_monitor
 
 
 def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: bool,
@@ -29,7 +30,8 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
         objects.append(pod_monitor(cr, plan))
         if plan.spec.router.enabled:
-            objects.append(picker_pod_monitor(cr))
+            objects.append(picker_pod_monitor(cr) if plan.spec.router.type == "llm-d"
+                           else vllm_router_pod_monitor(cr))
     if with_capacity_rules or plan.spec.autoscaling is not None:
         objects += autoscaling_objects(cr, plan, capacity_plan(plan.spec),
                                        with_rules=with_capacity_rules, with_keda=with_keda)

@@ -27,6 +27,7 @@ from longctx_engine.schema import SpecError
 from longctx_engine.topology import topology_plan
 
 from . import metrics, rollout
+from .builders import vllm_router
 from .builders.router import picker_status
 from .desired import desired_objects
 from .kube import Kube, KubeError
@@ -215,7 +216,12 @@ def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeplo
     """The revision that serves: the one the InferencePool selects (one write switches it,
     so it is the truth), else the one the status last recorded."""
     meta = cr["metadata"]
-    if spec.router.enabled:
+    if spec.router.enabled and spec.router.type == "vllm-router":
+        selected = vllm_router.serving_revision(kube.get(
+            "apps/v1", "Deployment", meta["namespace"], contract.vllm_router(meta["name"])))
+        if selected:
+            return selected
+    elif spec.router.enabled:
         pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
                         meta["namespace"], contract.inference_pool(meta["name"]))
         selected = (((pool or {}).get("spec") or {}).get("selector") or {}).get(
@@ -382,8 +388,9 @@ def _observe(kube: Kube, name: str, namespace: str,
     """The serving revision's StatefulSets and pods, and the picker."""
     router = None
     if spec is not None and spec.router.enabled:
-        router = picker_status(kube.get("apps/v1", "Deployment", namespace,
-                                        contract.picker(name)))
+        deployment = contract.picker(name) if spec.router.type == "llm-d" \
+            else contract.vllm_router(name)
+        router = picker_status(kube.get("apps/v1", "Deployment", namespace, deployment))
     return Observed(statefulsets=dict(serving.statefulsets) if serving else {},
                     pods=list(serving.pods) if serving else [], router=router)
 
@@ -394,6 +401,8 @@ def _endpoint(name: str, namespace: str, spec: api.LongContextDeploymentSpec | N
     if spec.router.enabled and spec.router.gateway:
         gw = spec.router.gateway
         return f"gateway {gw.namespace or namespace}/{gw.name} (HTTPRoute {namespace}/{name})"
+    if spec.router.enabled and spec.router.type == "vllm-router":
+        return f"service {namespace}/{contract.vllm_router(name)}:{contract.VLLM_ROUTER_PORT}"
     if spec.router.enabled:
         return f"inferencepool {namespace}/{contract.inference_pool(name)}"
     return f"{contract.headless_service(name, 'decode')}.{namespace}.svc"

@@ -30,6 +30,7 @@ from longctx_engine import api, contract
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
+from .vllm_router import vllm_router_objects
 
 COMPONENT = contract.ROUTER_COMPONENT
 POOL_API_VERSION = contract.KIND_BY_NAME["InferencePool"].api_version
@@ -346,6 +347,8 @@ def router_objects(cr: dict[str, Any], plan: ServingPlan,
     spec = plan.spec
     if not spec.router.enabled:
         return []
+    if spec.router.type == "vllm-router":
+        return vllm_router_objects(cr, plan, serving)
     text = picker_config_text(spec)
     objects = [
         inference_pool(cr, plan, serving or plan.revision),
