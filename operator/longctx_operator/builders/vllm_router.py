@@ -60,6 +60,18 @@ def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[st
     ]
 
 
+def _placement(plan: ServingPlan) -> dict[str, Any]:
+    """The router runs on the nodes spec.placement selects for the engines, next to them
+    (no GPU is requested, so nothing GPU-specific is required)."""
+    placement = plan.spec.placement
+    out: dict[str, Any] = {}
+    if placement.nodeSelector:
+        out["nodeSelector"] = dict(placement.nodeSelector)
+    if placement.tolerations:
+        out["tolerations"] = [dict(t) for t in placement.tolerations]
+    return out
+
+
 def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     probe_port = contract.VLLM_ROUTER_PORT
@@ -79,6 +91,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                 "metadata": {"labels": {**contract.labels(cr_name, COMPONENT),
                                         contract.PAIRING_LABEL: revision}},
                 "spec": {
+                    **_placement(plan),
                     "serviceAccountName": contract.vllm_router(cr_name),
                     "automountServiceAccountToken": True,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,

