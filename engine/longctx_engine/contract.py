@@ -20,7 +20,7 @@ PLURAL = "longcontextdeployments"
 ROLES = ("prefill", "decode")
 FIELD_MANAGER = "longctx-operator"
 
-# A revision is the NIXL pairing key (compat.pairing_key) of a spec: hex digits, in the
+# A revision is the NIXL pairing key (revision.pairing_key) of a spec: hex digits, in the
 # names of its StatefulSets, PDBs and ConfigMap and in every object's pairing label.
 REVISION_LENGTH = 10
 # The StatefulSet controller labels pods with "<statefulset>-<hash of 10>", at most 63
@@ -95,7 +95,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 ROLE_LABEL = "llm-d.ai/role"
 SERVING_LABEL = "llm-d.ai/inference-serving"
-# Serving pods' NIXL pairing key (compat.pairing_key); the InferencePool selects on it.
+# Serving pods' NIXL pairing key (revision.pairing_key); the InferencePool selects on it.
 PAIRING_LABEL = "longctx.dev/pairing"
 # The StatefulSet controller's label of a pod's ordinal.
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"

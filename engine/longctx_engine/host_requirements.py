@@ -3,21 +3,17 @@ the launcher checks it before `vllm serve` loads the model (launch.Requirement).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from . import cpu_platform
 from .launch import Requirement
 from .quantity import GiB
-
-if TYPE_CHECKING:
-    from .roles import RolePlan
+from .roles import RolePlan
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def host_requirements(plan: "RolePlan") -> list[Requirement]:
+def host_requirements(plan: RolePlan) -> list[Requirement]:
     spec, role, lay, memory = plan.spec, plan.role, plan.layout, plan.memory
     out = []
     if not cpu_platform.is_cpu(spec):

@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from . import contract, cpu_platform
 from .api import LongContextDeploymentSpec
-from .launch import PLACEHOLDERS
+from .host_requirements import host_requirements
+from .identity import PodIdentity
+from .launch import PLACEHOLDERS, LaunchDocument, fill
 from .quantity import GiB
+from .roles import RolePlan
 
 POD_IP, STATEFULSET, START_RANK, LEADER_ORDINAL, NIXL_PORT = PLACEHOLDERS
 
-if TYPE_CHECKING:
-    from .roles import RolePlan
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _gib_number(n: int) -> int | float:
     return int(v) if v == int(v) else v
 
 
-def kv_transfer_config(plan: "RolePlan") -> dict:
+def kv_transfer_config(plan: RolePlan) -> dict:
     """The --kv-transfer-config object: NIXL first (a remote-prefill pull beats a partial CPU
     hit), then HiSparse (decode), then CPU offload. No engine_id anywhere (MultiConnector
     passes its own to each child). The NIXL lease and decode's policy for a failed KV load
@@ -91,7 +92,7 @@ def speculative_config(spec: LongContextDeploymentSpec) -> Optional[dict]:
     return {"method": "mtp", "num_speculative_tokens": s.draftTokens}
 
 
-def attention_config(plan: "RolePlan") -> Optional[dict]:
+def attention_config(plan: RolePlan) -> Optional[dict]:
     spec = plan.spec
     if plan.role == "prefill":
         return {"sparse_mla_force_mqa": True}
@@ -100,7 +101,7 @@ def attention_config(plan: "RolePlan") -> Optional[dict]:
     return None
 
 
-def group_leader_address(plan: "RolePlan", cr_name: str, namespace: str) -> str:
+def group_leader_address(plan: RolePlan, cr_name: str, namespace: str) -> str:
     """DNS name of pod 0 of a pod's data-parallel group (the role's headless Service)."""
     leader = contract.pod(f"${{{STATEFULSET}}}", f"${{{LEADER_ORDINAL}}}")
     return contract.pod_dns(leader, cr_name, plan.role, namespace)
@@ -110,7 +111,7 @@ def _dumps(obj: dict, compact: bool = False) -> str:
     return json.dumps(obj, separators=(",", ":")) if compact else json.dumps(obj)
 
 
-def build_command(plan: "RolePlan", cr_name: str, namespace: str) -> EngineCommand:
+def build_command(plan: RolePlan, cr_name: str, namespace: str) -> EngineCommand:
     """argv + env of the `vllm serve` process of every pod of the plan's role, with what a
     pod learns at start as launch.PLACEHOLDERS."""
     spec, role, lay, ports = plan.spec, plan.role, plan.layout, plan.ports
@@ -185,3 +186,24 @@ def build_command(plan: "RolePlan", cr_name: str, namespace: str) -> EngineComma
         if not model.startswith("/"):
             workdir, links = contract.MODEL_LINK_DIR, {model: contract.MODEL_MOUNT}
     return EngineCommand(argv=argv, env=env, workdir=workdir, symlinks=links)
+
+
+def launch_document(plan: RolePlan, cr_name: str, namespace: str) -> LaunchDocument:
+    """What every pod of the plan's role runs (the operator writes it into the ConfigMap)."""
+    cmd = build_command(plan, cr_name, namespace)
+    return LaunchDocument(
+        deployment=cr_name, namespace=namespace, role=plan.role, argv=cmd.argv, env=cmd.env,
+        vllm_version=plan.spec.engine.vllmVersion, ranks_per_pod=plan.layout.ranks_per_pod,
+        pods_per_group=plan.layout.pods_per_group,
+        nixl_base_port=plan.spec.kvTransfer.sideChannelPort,
+        requirements=host_requirements(plan), preflight=plan.spec.engine.preflight,
+        workdir=cmd.workdir, model_links=cmd.symlinks)
+
+
+def pod_command(plan: RolePlan, pod: PodIdentity) -> EngineCommand:
+    """The `vllm serve` argv and env of one pod: its launch document, filled as the
+    launcher fills it."""
+    doc = launch_document(plan, pod.cr_name, pod.namespace)
+    filled = fill(doc, pod.pod_name, pod.pod_ip)
+    return EngineCommand(argv=filled.argv, env=filled.env, workdir=doc.workdir,
+                         symlinks=doc.model_links)

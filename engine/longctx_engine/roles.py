@@ -11,15 +11,11 @@ from typing import Any, Optional
 
 from . import contract
 from .api import LongContextDeploymentSpec, dump_spec, load_spec
-from .compat import pairing_key
+from .revision import pairing_key
 from .faults import FaultSettings, fault_settings
-from .host_requirements import host_requirements
-from .identity import PodIdentity
-from .launch import LaunchDocument, fill
 from .layout import EnginePorts, Layout, engine_ports, role_layout
 from .performance import summary_at_max_context
 from .memory import PodMemory, hisparse_enabled, pod_memory
-from .recipes import EngineCommand, build_command
 from .rules import RecipeError, validate
 
 
@@ -44,25 +40,6 @@ class RolePlan:
     @property
     def revision(self) -> str:
         return self.pairing_key
-
-    def launch_document(self, cr_name: str, namespace: str) -> LaunchDocument:
-        """What every pod of this role runs (the operator writes it into the ConfigMap)."""
-        cmd = build_command(self, cr_name, namespace)
-        return LaunchDocument(
-            deployment=cr_name, namespace=namespace, role=self.role, argv=cmd.argv,
-            env=cmd.env, vllm_version=self.spec.engine.vllmVersion,
-            ranks_per_pod=self.layout.ranks_per_pod, pods_per_group=self.layout.pods_per_group,
-            nixl_base_port=self.spec.kvTransfer.sideChannelPort,
-            requirements=host_requirements(self), preflight=self.spec.engine.preflight,
-            workdir=cmd.workdir, model_links=cmd.symlinks)
-
-    def command(self, pod: PodIdentity) -> EngineCommand:
-        """The `vllm serve` argv and env of one pod of this role: its launch document,
-        filled as the launcher fills it."""
-        doc = self.launch_document(pod.cr_name, pod.namespace)
-        filled = fill(doc, pod.pod_name, pod.pod_ip)
-        return EngineCommand(argv=filled.argv, env=filled.env, workdir=doc.workdir,
-                             symlinks=doc.model_links)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class ManifestDumper(yaml.SafeDumper):
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from longctx_engine.recipes import launch_document
     from longctx_engine.roles import serving_plan
 
     from .desired import desired_objects
@@ -114,7 +115,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     plan = serving_plan(api.load_spec(cr.get("spec")), cr["metadata"].get("name"))
     if args.launch:
         meta = cr["metadata"]
-        print(plan.role(args.launch).launch_document(
+        print(launch_document(plan.role(args.launch), 
             meta["name"], meta.get("namespace") or "default").to_json())
         return 0
     objects = desired_objects(cr, plan, with_pod_monitor=args.pod_monitor)

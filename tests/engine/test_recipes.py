@@ -14,6 +14,7 @@ from longctx_engine.identity import PodIdentity
 from longctx_engine.quantity import GiB
 from longctx_engine.roles import role_plan, serving_plan
 from longctx_engine.rules import RecipeError
+from longctx_engine.recipes import pod_command
 from tests.contract.variants import REPO, pod, seed_spec as spec_with
 
 TARGET_PREFILL = (
@@ -52,8 +53,8 @@ def kvt(cmd) -> dict:
 
 def test_target_commands_match_the_reference():
     spec = spec_with()
-    p = serving_plan(spec).role("prefill").command(pod("prefill"))
-    d = serving_plan(spec).role("decode").command(pod("decode"))
+    p = pod_command(serving_plan(spec).role("prefill"), pod("prefill"))
+    d = pod_command(serving_plan(spec).role("decode"), pod("decode"))
     assert p.shell() == TARGET_PREFILL
     assert d.shell() == TARGET_DECODE
     assert p.argv[:3] == ["vllm", "serve", "zai-org/GLM-5.3-FP8"]
@@ -66,7 +67,7 @@ def test_target_commands_match_the_reference():
 def test_never_generates_what_the_reference_marks_broken():
     spec = spec_with()
     for role in ("prefill", "decode"):
-        cmd = serving_plan(spec).role(role).command(pod(role))
+        cmd = pod_command(serving_plan(spec).role(role), pod(role))
         text = " ".join(cmd.argv)
         assert "--kv-offloading-size" not in text
         assert "engine_id" not in text
@@ -78,7 +79,7 @@ def test_never_generates_what_the_reference_marks_broken():
 def test_dp8_prefill_baseline():
     spec = spec_with(lambda d: d["prefill"].update(
         dataParallel=8, contextParallel={"prefill": 1, "decode": 1}, cpuOffloadPerRank="64Gi"))
-    cmd = serving_plan(spec).role("prefill").command(pod("prefill"))
+    cmd = pod_command(serving_plan(spec).role("prefill"), pod("prefill"))
     a = cmd.argv
     assert "--prefill-context-parallel-size" not in a and "--dcp-comm-backend" not in a
     assert a[a.index("--data-parallel-size") + 1] == "8"
@@ -95,7 +96,7 @@ def test_dp8_prefill_baseline():
 
 def test_offload_only_decode_has_no_hisparse():
     spec = spec_with(lambda d: d["decode"].update(hiSparse={"enabled": False}))
-    cmd = serving_plan(spec).role("decode").command(pod("decode"))
+    cmd = pod_command(serving_plan(spec).role("decode"), pod("decode"))
     names = [c["kv_connector"] for c in kvt(cmd)["kv_connector_extra_config"]["connectors"]]
     assert names == ["NixlConnector", "OffloadingConnector"]
     assert role_plan(spec, "decode").memory.request < role_plan(spec_with(), "decode").memory.request
@@ -104,13 +105,13 @@ def test_offload_only_decode_has_no_hisparse():
 def test_no_offload_gives_plain_nixl():
     spec = spec_with(lambda d: (d["decode"].update(hiSparse={"enabled": False},
                                                    cpuOffloadPerRank=0)))
-    assert kvt(serving_plan(spec).role("decode").command(pod("decode")))["kv_connector"] == "NixlConnector"
+    assert kvt(pod_command(serving_plan(spec).role("decode"), pod("decode")))["kv_connector"] == "NixlConnector"
 
 
 def test_decode_dp_across_pods():
     spec = spec_with(lambda d: d["decode"].update(dataParallel=16, replicas=4))
     for ordinal, start, leader in ((0, 0, 0), (1, 8, 0), (2, 0, 2), (3, 8, 2)):
-        cmd = serving_plan(spec).role("decode").command(pod("decode", ordinal))
+        cmd = pod_command(serving_plan(spec).role("decode"), pod("decode", ordinal))
         a = cmd.argv
         assert a[a.index("--data-parallel-size") + 1] == "16"
         assert a[a.index("--data-parallel-size-local") + 1] == "8"
@@ -124,7 +125,7 @@ def test_decode_dp_across_pods():
 
 def test_one_rank_per_pod_uses_external_dp_rank():
     spec = spec_with(lambda d: d["decode"].update(tensorParallel=8, dataParallel=2, replicas=2))
-    a = serving_plan(spec).role("decode").command(pod("decode", 1)).argv
+    a = pod_command(serving_plan(spec).role("decode"), pod("decode", 1)).argv
     assert a[a.index("--data-parallel-rank") + 1] == "1"
     assert a[a.index("--data-parallel-size-local") + 1] == "1"
     assert "--data-parallel-multi-port-external-lb" not in a
@@ -150,7 +151,7 @@ def test_ports_and_sizes_for_the_example():
 def test_hisparse_device_buffer_and_fractional_pool():
     spec = spec_with(lambda d: d["decode"]["hiSparse"].update(deviceBufferSize=10240,
                                                              hostPoolPerRank="1.5Gi"))
-    cmd = serving_plan(spec).role("decode").command(pod("decode"))
+    cmd = pod_command(serving_plan(spec).role("decode"), pod("decode"))
     att = json.loads(cmd.argv[cmd.argv.index("--attention-config") + 1])
     assert att == {"hisparse_config": {"device_buffer_size": 10240}}
     hs = kvt(cmd)["kv_connector_extra_config"]["connectors"][1]
@@ -159,7 +160,7 @@ def test_hisparse_device_buffer_and_fractional_pool():
 
 def test_extra_args_come_last():
     spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "64"]}))
-    assert serving_plan(spec).role("decode").command(pod("decode")).argv[-2:] == ["--max-num-seqs", "64"]
+    assert pod_command(serving_plan(spec).role("decode"), pod("decode")).argv[-2:] == ["--max-num-seqs", "64"]
 
 
 @pytest.mark.parametrize("arg,field", [
@@ -183,7 +184,7 @@ def test_extra_args_colliding_with_managed_flags_are_refused(arg, field):
     spec = spec_with(lambda d: d["engine"].update(extraArgs={"decode": ["--max-num-seqs", "8",
                                                                         *arg]}))
     with pytest.raises(RecipeError) as e:
-        serving_plan(spec).role("decode").command(pod("decode"))
+        pod_command(serving_plan(spec).role("decode"), pod("decode"))
     msg = str(e.value)
     assert "spec.engine.extraArgs.decode[2]" in msg and field in msg
     assert "remove it" in msg
@@ -239,7 +240,7 @@ def test_allowed_extra_args_pass():
 
 def test_bad_role():
     with pytest.raises(RecipeError, match="role"):
-        serving_plan(spec_with()).role("encode").command(pod("decode"))
+        pod_command(serving_plan(spec_with()).role("encode"), pod("decode"))
 
 
 def test_pod_identity_from_env():
@@ -256,11 +257,11 @@ def test_pod_identity_from_env():
 
 
 def test_pvc_model_is_linked_not_renamed():
-    cmd = serving_plan(spec_with()).role("decode").command(pod("decode"))
+    cmd = pod_command(serving_plan(spec_with()).role("decode"), pod("decode"))
     assert cmd.argv[2] == "zai-org/GLM-5.3-FP8"
     assert cmd.symlinks == {"zai-org/GLM-5.3-FP8": "/models"} and cmd.workdir
     hf = spec_with(lambda d: d["model"].update(source={"huggingFace": {}}))
-    cmd = serving_plan(hf).role("decode").command(pod("decode"))
+    cmd = pod_command(serving_plan(hf).role("decode"), pod("decode"))
     assert cmd.workdir is None and "HF_HUB_OFFLINE" not in cmd.env
 
 
@@ -308,7 +309,7 @@ def test_operator_package_imports_neither_vllm_nor_torch():
 
 
 def test_shell_quoting_round_trips():
-    cmd = serving_plan(spec_with()).role("prefill").command(pod("prefill"))
+    cmd = pod_command(serving_plan(spec_with()).role("prefill"), pod("prefill"))
     assert shlex.split(cmd.shell()) == cmd.argv
 
 

@@ -19,6 +19,7 @@ import yaml
 from longctx_engine import api, contract
 from longctx_engine.identity import PodIdentity
 from longctx_engine.roles import serving_plan
+from longctx_engine.recipes import pod_command
 from longctx_operator.desired import desired_objects
 from tests.helm.chart import by_kind, documents, helm_binary, template_text
 
@@ -127,7 +128,7 @@ def test_every_vllm_rank_of_both_roles_and_the_picker_are_scraped(name):
         workload = f"StatefulSet/{contract.statefulset(cr_name, role.role, role.revision)}"
         engine = next(c for c in _containers(workloads[workload])
                       if c["name"] == contract.ENGINE_CONTAINER)
-        argv = role.command(_first_pod(cr, workload)).argv
+        argv = pod_command(role, _first_pod(cr, workload)).argv
         # The engine's --port is rank 0's; vLLM's supervisor gives rank i --port + i.
         assert int(argv[argv.index("--port") + 1]) == role.ports.http[0]
         assert {p["containerPort"] for p in engine["ports"]} >= set(role.ports.http)

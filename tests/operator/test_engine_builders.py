@@ -127,7 +127,7 @@ def test_pdb_per_role_and_pod_monitor():
 
 
 def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
-    from longctx_engine.compat import pairing_key
+    from longctx_engine.revision import pairing_key
     from longctx_operator.builders.router import router_objects
     from longctx_engine.contract import PAIRING_LABEL
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from longctx_engine import contract
-from longctx_engine.compat import pairing_key
+from longctx_engine.revision import pairing_key
 from longctx_engine.roles import serving_plan
 from longctx_engine.rules import RecipeError
+from longctx_engine.recipes import launch_document
 from longctx_operator.desired import desired_objects
 from longctx_operator.reconcile import check_pair
 from tests.contract.variants import spec_with
@@ -27,9 +28,9 @@ def _set_engine(**fields):
 def test_a_pair_across_specs_that_nixl_would_refuse_is_refused(edit, mismatch):
     old, new = serving_plan(spec_with()), serving_plan(spec_with(edit))
     with pytest.raises(RecipeError, match=mismatch):
-        check_pair(old.prefill.launch_document("glm", "ns"),
-                   new.decode.launch_document("glm", "ns"))
-    check_pair(old.prefill.launch_document("glm", "ns"), old.decode.launch_document("glm", "ns"))
+        check_pair(launch_document(old.prefill, "glm", "ns"),
+                   launch_document(new.decode, "glm", "ns"))
+    check_pair(launch_document(old.prefill, "glm", "ns"), launch_document(old.decode, "glm", "ns"))
 
 
 @pytest.mark.parametrize("edit", [

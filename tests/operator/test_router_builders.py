@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from longctx_engine import api
-from longctx_engine.compat import pairing_key
+from longctx_engine.revision import pairing_key
 from longctx_engine import contract
 from longctx_engine.roles import serving_plan
 from longctx_operator.builders import router

@@ -12,6 +12,7 @@ from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
 from .router import pod_annotations, routing_sidecar
+from longctx_engine.recipes import launch_document
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
 TERMINATION_GRACE_SECONDS = 120
@@ -32,7 +33,7 @@ def launch_documents(cr: dict[str, Any], plan: ServingPlan) -> dict[str, str]:
     """Each role's launch document, by its ConfigMap key: what the role's pods run."""
     meta = cr["metadata"]
     return {contract.launch_key(role.role):
-            role.launch_document(meta["name"], meta["namespace"]).to_json()
+            launch_document(role, meta["name"], meta["namespace"]).to_json()
             for role in plan.roles}
 
 
@@ -205,7 +206,7 @@ def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
     rendering changed, restarts only that role's pods, through the StatefulSet's rolling
     update."""
     meta = cr["metadata"]
-    return content_digest(role.launch_document(meta["name"], meta["namespace"]).to_json())[:16]
+    return content_digest(launch_document(role, meta["name"], meta["namespace"]).to_json())[:16]
 
 
 def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
