@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from tests.cluster.kwok_stages import write_stages
+from tests.cluster.pod_runner import loopback_node
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "build-control-plane.sh"
@@ -395,6 +396,19 @@ class ControlPlane:
             return len(ready) == self.nodes
 
         self._wait("kwok", all_ready, 60)
+
+    def add_loopback_node(self, name: str, pod_cidr_octet: int,
+                          labels: dict[str, str] | None = None,
+                          capacity: dict[str, str] | None = None,
+                          taints: list[dict] | None = None) -> dict[str, Any]:
+        """A node whose pods run for real on this machine, under a PodRunner (see
+        tests/cluster/pod_runner.py, loopback_node): kwok leaves it alone. Ready at once; a
+        PodRunner must renew its heartbeat within the node monitor grace period."""
+        node, status = loopback_node(name, pod_cidr_octet, labels, capacity, taints)
+        self.kubectl("create", "-f", "-", input=json.dumps(node))
+        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+                     "-p", json.dumps(status))
+        return json.loads(self.kubectl("get", "node", name, "-o", "json").stdout)
 
     # -- helpers
 
