@@ -196,10 +196,15 @@ class PodRunner:
 
     def base_env(self, pod: dict, image: Image) -> dict[str, str]:
         """What every container sees before its own env: PATH and HOME as an image sets
-        them, the pod's hostname, the API server's address as the in-cluster client reads it."""
+        them, the pod's hostname, the API server's address as the in-cluster client reads it.
+        Pods share this machine's network namespace, which has other interfaces than
+        loopback: UCX (NIXL's transport) and vLLM's own host detection are kept on the pod
+        IP, as they would be on a pod's only interface."""
         port = str(self.kube.port)
+        pod_ip = (pod.get("status") or {}).get("podIP", HOST_IP)
         return {"PATH": f"{image.prefix}/bin:{SYSTEM_PATH}", "HOME": "/root",
                 "HOSTNAME": pod_hostname(pod), **image.env,
+                "UCX_NET_DEVICES": "lo", "VLLM_HOST_IP": pod_ip,
                 "KUBERNETES_SERVICE_HOST": HOST_IP, "KUBERNETES_SERVICE_PORT": port,
                 "KUBERNETES_SERVICE_PORT_HTTPS": port,
                 "KUBERNETES_PORT": f"tcp://{HOST_IP}:{port}",

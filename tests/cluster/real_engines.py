@@ -201,7 +201,7 @@ class RealEngines:
             conds = {c["type"]: c for c in status.get("conditions", [])}
             ready = conds.get("Ready", {})
             line = f"{ready.get('status', '-')} {ready.get('reason', '')}: {ready.get('message', '')}"
-            if progress and line != last:
+            if progress and ready and line != last:
                 progress(line)
             last = line
             if ready.get("status") == "True":

@@ -24,7 +24,6 @@ METRICS_PORT_NAME = "metrics"
 HTTP_PORT_NAME = "http"
 # The ports a pod of either role serves its first engine rank on (no sidecar in front).
 WORKER_PORT = contract.SERVING_BASE_PORT
-READ = ["get", "list", "watch"]
 
 
 def _meta(cr: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +53,9 @@ def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[st
         "--decode-selector", *_selector(cr_name, "decode", revision),
         # A max-context prefill, its transfer and the answer (faults.py).
         "--request-timeout-secs", str(faults.request_timeout_seconds),
+        # Discovery adds one pod at a time, each waiting for its /health: a Ready pod that
+        # cannot be reached must not hold up the others for the default 600 s.
+        "--worker-startup-timeout-secs", "60",
         "--prometheus-host", "$(POD_IP)",
         "--prometheus-port", str(contract.VLLM_ROUTER_METRICS_PORT),
         "--log-level", "info",
@@ -139,8 +141,9 @@ def _service(cr: dict[str, Any]) -> dict[str, Any]:
 
 
 def router_rules() -> list[dict[str, Any]]:
-    """What vllm-router's discovery reads: the pods of its namespace, nothing else."""
-    return [{"apiGroups": [""], "resources": ["pods"], "verbs": list(READ)}]
+    """What vllm-router's discovery does: list and watch the pods of its namespace (it
+    filters the labels itself and never gets one pod)."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 
 
 def _rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
