@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tests.cluster.controlplane import REPO, ControlPlane, model_volume
 from tests.cluster.operator_process import OperatorProcess
-from tests.cluster.real_engines import RealEngines, chat, cpu_cr, kv_counters, words
+from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
+                                        measured_request, words)
 from tests.cluster.real_engines import EXAMPLE as CPU_EXAMPLE
 
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -60,6 +61,10 @@ def serve_real_tokens(cp: ControlPlane) -> None:
                            ("nixl_bytes", "NIXL bytes moved"),
                            ("nixl_failed", "failed NIXL transfers")):
             print(f"    {label:<34} {after[key] - before[key]:>10,.0f}")
+        step("a longer prompt, streamed: each leg's time from the engines' own counters")
+        legs = measured_request(ends, "tiny-mla", words(600, seed=9), max_tokens=16)
+        for key, value in legs.items():
+            print(f"    {key:<16} {value:>12,.3f}")
         cp.kubectl("delete", "lcd", "tiny", "-n", CPU_NAMESPACE)
 
 

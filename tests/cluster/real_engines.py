@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +254,43 @@ def kv_counters(url: str) -> dict[str, float]:
         "nixl_transfers": metric(m, "vllm:nixl_bytes_transferred_count"),
         "nixl_failed": metric(m, "vllm:nixl_num_failed_transfers_total"),
     }
+
+
+def engine_seconds(url: str) -> dict[str, float]:
+    """Cumulative seconds an engine reports: requests end to end, and NIXL transfers."""
+    m = metrics(f"{url}/metrics")
+    return {"e2e": metric(m, "vllm:e2e_request_latency_seconds_sum"),
+            "nixl_xfer": metric(m, "vllm:nixl_xfer_time_seconds_sum")}
+
+
+def measured_request(ends: Endpoints, model: str, prompt: str, max_tokens: int
+                     ) -> dict[str, float]:
+    """One streamed request through the router, with the time of each leg from the
+    engines' own counters: the prefill leg (prefill engine, end to end), the KV pull
+    (decode's NIXL transfer time), the decode leg, and the client's TTFT and total."""
+    before = {"prefill": engine_seconds(ends.prefill), "decode": engine_seconds(ends.decode),
+              "kv": kv_counters(ends.decode)}
+    url = f"{ends.router}/v1/chat/completions"
+    _check_loopback(url)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    ttft = None
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for line in resp:
+            if ttft is None and line.startswith(b"data: {") and b'"content"' in line:
+                ttft = time.monotonic() - started
+    total = time.monotonic() - started
+    after = {"prefill": engine_seconds(ends.prefill), "decode": engine_seconds(ends.decode),
+             "kv": kv_counters(ends.decode)}
+    return {"ttft_s": ttft or total, "total_s": total,
+            "prefill_leg_s": after["prefill"]["e2e"] - before["prefill"]["e2e"],
+            "kv_pull_s": after["decode"]["nixl_xfer"] - before["decode"]["nixl_xfer"],
+            "decode_leg_s": after["decode"]["e2e"] - before["decode"]["e2e"],
+            "kv_tokens": after["kv"]["external_kv_transfer"] - before["kv"]["external_kv_transfer"],
+            "nixl_bytes": after["kv"]["nixl_bytes"] - before["kv"]["nixl_bytes"]}
 
 
 def words(n: int, seed: int = 0) -> str:

