@@ -33,6 +33,37 @@ EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 CRD_FILE = REPO / "crds" / "longctx.dev_longcontextdeployments.yaml"
 
 
+# Every test's outcome, by node id: those recorded by earlier runs (pytest's cache), updated
+# as this run goes. docs/reliability.md's "survived" column is counted from it
+# (tests/reliability_doc.py), in this run by tests/test_reliability_doc.py and after it by
+# `python -m tests.reliability_doc`.
+OUTCOMES: dict[str, str] = {}
+OUTCOMES_KEY = "longctx/outcomes"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cache = getattr(config, "cache", None)
+    OUTCOMES.clear()
+    OUTCOMES.update(cache.get(OUTCOMES_KEY, {}) if cache is not None else {})
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # A failed or skipped setup or teardown decides the outcome as much as the call does.
+    if report.when == "call" or report.outcome != "passed":
+        OUTCOMES[report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None:
+        cache.set(OUTCOMES_KEY, OUTCOMES)
+
+
+@pytest.fixture
+def test_outcomes() -> dict[str, str]:
+    return OUTCOMES
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
     """Polls until check() returns something truthy; fails with `what` and the last value."""
     deadline = time.monotonic() + timeout
@@ -83,7 +114,7 @@ class Cluster:
 def revision_of(cr: dict) -> str:
     """The revision (NIXL pairing key) a CR's spec deploys."""
     from longctx_engine.api import load_spec
-    from longctx_engine.compat import pairing_key
+    from longctx_engine.revision import pairing_key
     return pairing_key(load_spec(cr["spec"]))
 
 

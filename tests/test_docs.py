@@ -8,6 +8,7 @@ untracked-but-not-ignored, text only.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import unicodedata
@@ -211,3 +212,176 @@ def test_markdown_links_resolve(doc):
     path = REPO / doc
     problems = markdown_link_problems(path, text_of(path) or "")
     assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------- names the docs use
+#
+# A user reads docs/*.md and README.md against the code: every file they name must exist
+# (in the repository, or in vLLM, whose files they quote), and every backticked Python name
+# must be defined. A Kubernetes field path (`spec.decode.replicas`) is not a Python name:
+# only names whose first part is one of the project's modules, and calls, are checked.
+
+USER_DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+# A file name: a path-like token ending in a source extension, not inside a URL, a longer
+# path or a template (`docs/*.md`, `dashboard-<name>.png`).
+FILE_NAME = re.compile(r"(?<![\w./:@*<>{}$-])(?P<path>[\w./-]*\w\.(?:py|sh|cu|cuh))(?![\w/<*{-])")
+CODE_SPAN = re.compile(r"`(?P<code>[^`\n]+)`")
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+CALL = re.compile(r"(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\(")
+# Roots that are fields of a CR or of `longctx plan`'s output in prose, though a module
+# shares the name; a camelCase part, or a file extension at the end, also marks a non-Python
+# name (`rbac.clusterScopedReads`, `engine.yaml`).
+FIELD_ROOTS = {"spec", "status", "metadata", "performance"}
+NOT_PYTHON = re.compile(r"[a-z][A-Z]|\.(?:ya?ml|json|md|txt|png|toml|sum|mod)$")
+# Packages whose files the docs quote (vLLM's sources, as installed in the environment).
+FOREIGN_PACKAGES = ("vllm",)
+
+
+@lru_cache(maxsize=None)
+def source_paths() -> tuple[str, ...]:
+    """Every shipped file, and every file of the foreign packages, as POSIX paths."""
+    import sysconfig
+
+    paths = [p.relative_to(REPO).as_posix() for p in shipped_files()]
+    site = Path(sysconfig.get_paths()["purelib"])
+    for package in FOREIGN_PACKAGES:
+        paths += [p.relative_to(site).as_posix() for p in (site / package).rglob("*")
+                  if p.suffix in (".py", ".cu", ".cuh", ".sh")]
+    return tuple(paths)
+
+
+def file_exists(name: str) -> bool:
+    name = name.lstrip("./")
+    if name.rsplit("/", 1)[-1].count(".") > 1:
+        return True   # a domain (`scaledobjects.keda.sh`), not a file name
+    return any(p == name or p.endswith("/" + name) for p in source_paths())
+
+
+@lru_cache(maxsize=None)
+def modules() -> dict[str, tuple[ast.Module, ...]]:
+    """The project's Python modules by every dotted suffix of their name (`router`,
+    `builders.router`, `longctx_operator.builders.router`), parsed."""
+    out: dict[str, list[ast.Module]] = {}
+    for path in shipped_files():
+        if path.suffix != ".py":
+            continue
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:
+            continue
+        for i in range(len(parts)):
+            out.setdefault(".".join(parts[i:]), []).append(tree)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def defined(scope: ast.AST) -> dict[str, ast.AST]:
+    """The names a module or class body defines, with their nodes."""
+    names: dict[str, ast.AST] = {}
+    # Only statement lists: an expression's `body` (a lambda's, an IfExp's) defines nothing.
+    nodes = [n for field in ("body", "orelse") for n in (
+        getattr(scope, field, None) if isinstance(getattr(scope, field, None), list) else [])]
+    for node in nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        names[n.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update({(a.asname or a.name).split(".")[0]: node for a in node.names})
+        elif isinstance(node, (ast.If, ast.Try)):
+            names.update(defined(node))
+    return names
+
+
+def resolves(parts: list[str]) -> bool:
+    """Whether a project module (the longest dotted prefix that names one) defines the
+    rest: a function, class, constant, or a class's member. A module's own name resolves."""
+    if ".".join(parts) in modules():
+        return True
+    for i in range(len(parts) - 1, 0, -1):
+        for tree in modules().get(".".join(parts[:i]), ()):
+            scope: ast.AST = tree
+            for name in parts[i:]:
+                node = defined(scope).get(name)
+                if node is None:
+                    break
+                scope = node
+            else:
+                return True
+    return False
+
+
+@lru_cache(maxsize=None)
+def defined_anywhere() -> frozenset[str]:
+    return frozenset(name for trees in modules().values() for tree in trees
+                     for node in ast.walk(tree) for name in defined(node))
+
+
+def name_problem(name: str, call: bool) -> str | None:
+    """Why a backticked Python name (`call`: called) does not resolve, or None."""
+    import builtins
+    import math
+    import sys
+
+    parts = name.split(".")
+    if NOT_PYTHON.search(name):
+        return None
+    if len(parts) == 1:
+        known = parts[0] in defined_anywhere() or hasattr(builtins, parts[0]) or \
+            hasattr(math, parts[0])
+        return None if known else "is defined nowhere in the repository"
+    if parts[0] in sys.stdlib_module_names and call:
+        import importlib
+        obj: object = importlib.import_module(parts[0])
+        for p in parts[1:]:
+            obj = getattr(obj, p, None)
+        return None if obj is not None else "is not in the standard library"
+    if parts[0] in modules() and parts[0] not in FIELD_ROOTS:
+        return None if resolves(parts) else f"is not defined in module {parts[0]}"
+    return None   # another package's name, or a field path: not checked
+
+
+def doc_name_problems(path: Path, text: str) -> list[str]:
+    out = []
+    where = lambda offset: f"{path.relative_to(REPO)}:{line_of(text, offset)}"  # noqa: E731
+    for m in FILE_NAME.finditer(text):
+        if not file_exists(m.group("path")):
+            out.append(f"{where(m.start())}: {m.group('path')} does not exist")
+    for m in CODE_SPAN.finditer(text):
+        code = m.group("code")
+        calls = [c.group("name") for c in CALL.finditer(code)]
+        if calls:
+            name, call = calls[0], True   # the callee; what follows is its result's
+        elif DOTTED.fullmatch(code) and not FILE_NAME.search(code):
+            name, call = code, False
+        else:
+            continue
+        why = name_problem(name, call)
+        if why:
+            out.append(f"{where(m.start())}: `{name}` {why}")
+    return out
+
+
+def test_the_name_checker_finds_what_is_missing_and_passes_what_exists():
+    fake = REPO / "docs" / "engine.md"
+    missing = "longctx_engine/" + "nowhere.py"
+    text = (f"`{missing}`, kernels/longctx_kernels/lse_merge.py, `csrc/radix_topk.cu`, "
+            "`deepseek_v2.py`, `revision.pairing_key`, `revision.no_such_function`, "
+            "`spec.decode.replicas`, `status.plan`, `getpass.getuser()`, `no_such_helper(x)`, "
+            "`contract.Kind.wave`, https://example.com/x/gone.py")
+    problems = [p.split(": ", 1)[1] for p in doc_name_problems(fake, text)]
+    assert problems == [f"{missing} does not exist",
+                        "`revision.no_such_function` is not defined in module revision",
+                        "`no_such_helper` is defined nowhere in the repository"]
+
+
+@pytest.mark.parametrize("doc", [p.relative_to(REPO).as_posix() for p in USER_DOCS])
+def test_docs_name_only_files_and_python_names_that_exist(doc):
+    path = REPO / doc
+    problems = doc_name_problems(path, text_of(path) or "")
+    assert not problems, "stale names:\n" + "\n".join(problems)

@@ -368,10 +368,13 @@ class PrefixCache(APIObject):
     """Approximate prefix-cache routing in the endpoint picker."""
 
     blockSize: int = api_field("Tokens per hashed prefix block.", 64, minimum=1)
-    maxPrefixTokensToMatch: int = api_field(
-        "Longest prefix the picker hashes; agentic contexts are long.", 131072, minimum=1)
-    lruCapacityPerServer: int = api_field("Prefix blocks the picker remembers per server.", 31250,
-                                          minimum=1)
+    maxPrefixTokensToMatch: Optional[int] = api_field(
+        "Longest prefix the picker hashes (default: maxContextTokens, one whole context).",
+        None, minimum=1)
+    lruCapacityPerServer: Optional[int] = api_field(
+        "Prefix blocks the picker remembers per server (default: derived from the capacity "
+        "plan, the blocks the largest engine rank holds across GPU KV, CPU offload and "
+        "HiSparse host pool; docs/router.md#prefix-index-sizing).", None, minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)

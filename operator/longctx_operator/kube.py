@@ -1,6 +1,6 @@
 """Kubernetes API access for the operator: get, server-side apply, delete and status
 patches for any manifest, with retries on conflicts, throttling and server errors. Reads
-of watched kinds come from the watch caches (cache.py) once those are attached and synced."""
+of watched kinds come from the watch caches (cache.py) passed in, once those are synced."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import kubernetes
 import urllib3
@@ -20,9 +20,6 @@ from kubernetes.client.exceptions import ApiException
 from longctx_engine.contract import FIELD_MANAGER, KIND_BY_NAME, Kind
 
 from . import metrics
-
-if TYPE_CHECKING:
-    from .cache import Caches
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,6 +30,20 @@ WRITERS = 16       # applies in flight at once, over all reconciles
 
 class KubeError(RuntimeError):
     """An API call failed for good; the message names the object and the API's reason."""
+
+
+# The watch caches as this client uses them (cache.Store and cache.Caches). Described here
+# rather than imported: cache.py lists and watches through this module.
+class CachedStore(Protocol):
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
+    def upsert(self, obj: dict[str, Any]) -> bool: ...
+    def remove(self, obj: dict[str, Any]) -> bool: ...
+
+
+class Cache(Protocol):
+    def store(self, kind: str) -> CachedStore | None: ...
+    def crd_established(self, name: str) -> bool | None: ...
 
 
 def collection_path(kind: Kind, namespace: str | None) -> str:
@@ -51,11 +62,11 @@ class Kube:
     """A thin, retrying REST client over kubernetes.client.ApiClient."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None = None,
-                 attempts: int = 5, backoff: float = 0.2):
+                 attempts: int = 5, backoff: float = 0.2, caches: Cache | None = None):
         self.api = api_client or kubernetes.client.ApiClient()
         self.attempts = attempts
         self.backoff = backoff
-        self.caches: Caches | None = None
+        self.caches = caches
         # The resourceVersion of each object's last write by this operator: the watch event
         # carrying that version echoes the write and tells the reconcile nothing new.
         self._written: dict[tuple[str, str, str], str] = {}

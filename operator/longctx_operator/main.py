@@ -157,7 +157,8 @@ class Wakeups:
 
 
 class State:
-    kube: Kube | None = None
+    kube: Kube | None = None      # reads through `caches`
+    caches: Caches | None = None
     # The context of Kopf's event processing, which kopf.event() posts through (the startup
     # handler's lacks it): taken from the first CR event. A child change before that one
     # needs no reconcile of its own, since every CR's first event comes later.
@@ -210,12 +211,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     # How long a killed leader's peering record blocks the next replica (Kopf: 60 s).
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
-    State.kube = Kube.from_environment()
     State.kopf_context = None   # a restarted operator loop has a new one
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
-    State.kube.caches = Caches(State.kube, namespaces, changed=_child_changed)
-    State.kube.caches.start()
-    if not State.kube.caches.wait_synced(CACHE_SYNC_SECONDS):
+    # The caches list and watch through a client of their own, which reads no cache; the
+    # reconcile's client shares its connections and reads through the caches.
+    lister = Kube.from_environment()
+    State.caches = Caches(lister, namespaces, changed=_child_changed)
+    State.kube = Kube(lister.api, caches=State.caches)
+    State.caches.start()
+    if not State.caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
                     "they are", CACHE_SYNC_SECONDS)
     port = os.environ.get("LONGCTX_METRICS_PORT")
@@ -229,8 +233,8 @@ def stop(**_: Any) -> None:
     State.wakeups.cancel_all()
     if State.queue is not None:
         State.queue.stop()
-    if State.kube is not None and State.kube.caches is not None:
-        State.kube.caches.stop()
+    if State.caches is not None:
+        State.caches.stop()
 
 
 def reconcile_named(namespace: str, name: str, logger: logging.Logger) -> None:
@@ -287,7 +291,7 @@ def _cache_event(type: str | None, body: kopf.Body) -> bool:
     if kube is None:
         return True
     kind = body.get("kind", "")
-    store = kube.caches.stores.get(kind) if kube.caches is not None else None
+    store = State.caches.stores.get(kind) if State.caches is not None else None
     if type == "DELETED":
         if store is not None:
             store.remove(dict(body))

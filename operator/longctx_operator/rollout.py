@@ -1,6 +1,6 @@
 """Revisioned rollouts, as a pure state machine over what the cluster shows.
 
-A revision is the NIXL pairing key of a spec (compat.pairing_key): its StatefulSets carry
+A revision is the NIXL pairing key of a spec (revision.pairing_key): its StatefulSets carry
 it in their names and labels, and the InferencePool selects exactly one revision, the
 serving one. `step` looks at the desired revision, the serving one, the revisions that
 exist and the last `status.rollout`, and says what this reconcile must do. Everything it
@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from longctx_engine import contract
 
-from .status import crash_message, unschedulable_message
+from .pods import crash_message, unschedulable_message
 
 PHASES = ("Steady", "Progressing", "Blocked", "Failed", "Draining", "Recreating")
 STEADY, PROGRESSING, BLOCKED, FAILED, DRAINING, RECREATING = PHASES

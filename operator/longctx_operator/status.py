@@ -6,13 +6,12 @@ import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .rollout import Step
-
 from longctx_engine import contract
 
-# A container restarted this often (or in CrashLoopBackOff) turns the CR Degraded.
-RESTARTS_DEGRADED = 3
+from .pods import crash_message, unschedulable_message
+
+if TYPE_CHECKING:
+    from .rollout import Step
 
 
 @dataclass(frozen=True)
@@ -47,32 +46,6 @@ def _role_status(sts: dict[str, Any] | None, desired: int) -> dict[str, Any]:
     ready = st.get("readyReplicas", 0)
     return {"replicas": desired, "readyReplicas": ready,
             "updatedReplicas": st.get("updatedReplicas", 0), "summary": f"{ready}/{desired}"}
-
-
-def crash_message(pods: list[dict[str, Any]]) -> str | None:
-    """The last termination of a crash-looping container of these pods, in words."""
-    for pod in pods:
-        statuses = pod.get("status", {})
-        for cs in statuses.get("containerStatuses", []) + statuses.get("initContainerStatuses", []):
-            waiting = cs.get("state", {}).get("waiting", {})
-            if cs.get("restartCount", 0) < RESTARTS_DEGRADED and \
-                    waiting.get("reason") != "CrashLoopBackOff":
-                continue
-            last = cs.get("lastState", {}).get("terminated", {})
-            detail = last.get("message") or waiting.get("message") or ""
-            return (f"container {cs['name']} of pod {pod['metadata']['name']} restarted "
-                    f"{cs.get('restartCount', 0)} times; last exit: "
-                    f"{last.get('reason', waiting.get('reason', 'unknown'))} "
-                    f"(exit code {last.get('exitCode', '?')}){': ' + detail if detail else ''}")
-    return None
-
-
-def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
-    for pod in pods:
-        for cond in pod.get("status", {}).get("conditions", []):
-            if cond["type"] == "PodScheduled" and cond["status"] == "False":
-                return f"pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}"
-    return None
 
 
 def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from longctx_engine import api
+from longctx_engine import api, planner
+from longctx_engine.prefix_index import rank_tokens
 from longctx_engine.revision import pairing_key
 from longctx_engine import contract
 from longctx_engine.roles import serving_plan
@@ -193,6 +194,30 @@ def test_picker_config_content_follows_the_spec():
     assert "parameters" not in plugins["always-disagg-pd-decider"]
     assert plugins["disagg-profile-handler"]["parameters"]["deciders"]["prefill"] == \
         "always-disagg-pd-decider"
+
+
+def test_prefix_index_of_every_example_is_sized_from_its_plan():
+    """Prints the table of docs/router.md#prefix-index-sizing (run with -s)."""
+    rows = ["| example | maxContextTokens | prefill tokens/rank | decode tokens/rank "
+            "| lruCapacityPerServer | maxPrefixTokensToMatch |", "|---|---:|---:|---:|---:|---:|"]
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        spec = api.load_spec(yaml.safe_load(path.read_text())["spec"])
+        params = {p["type"]: p for p in router.picker_config(spec)["plugins"]}[
+            "approx-prefix-cache-producer"]["parameters"]
+        tokens = {r.role: r.total for r in rank_tokens(spec, planner.plan(spec))}
+        block = spec.router.prefixCache.blockSize
+        assert params["blockSizeTokens"] == block
+        assert params["lruCapacityPerServer"] == max(-(-max(tokens.values()) // block), 1)
+        assert params["maxPrefixTokensToMatch"] == spec.maxContextTokens
+        if path.name.startswith("glm-5.3-1m"):
+            # The old fixed defaults (31,250 blocks, 131,072 tokens) under-sized these.
+            assert params["lruCapacityPerServer"] > 31250
+            assert params["maxPrefixTokensToMatch"] > 131072
+        rows.append(f"| {path.name} | {spec.maxContextTokens:,} | {tokens['prefill']:,} | "
+                    f"{tokens['decode']:,} | {params['lruCapacityPerServer']:,} | "
+                    f"{params['maxPrefixTokensToMatch']:,} |")
+    assert len(rows) > 3
+    print("\n" + "\n".join(rows))
 
 
 def test_no_deprecated_plugin_or_field():

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from longctx_engine import api, contract
+from longctx_engine.prefix_index import prefix_index
 from longctx_engine.roles import RolePlan, ServingPlan
 
 from .digest import content_digest
@@ -74,7 +75,8 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
     routing. Field names follow llm-d-router apix/config/v1alpha1 and each plugin's parameter
     struct; the picker decodes both strictly."""
     router = spec.router
-    prefix = router.prefixCache
+    # Sized from the capacity plan unless the CR sets them (longctx_engine.prefix_index).
+    index = prefix_index(spec)
     decider_type = DECIDER_TYPES[router.disaggregation.decider]
     decider: dict[str, Any] = {"type": decider_type}
     if router.disaggregation.decider == "prefix-based":
@@ -84,12 +86,12 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
-            # autoTune off: the CR's block size and LRU capacity are what the user asked for
-            # (with HiSparse, GPU block counts under-state what a decode rank holds).
+            # autoTune off: the picker would size the LRU from GPU block counts, which
+            # under-state what a rank holds with CPU offload and HiSparse host pools.
             {"type": "approx-prefix-cache-producer",
-             "parameters": {"autoTune": False, "blockSizeTokens": prefix.blockSize,
-                            "maxPrefixTokensToMatch": prefix.maxPrefixTokensToMatch,
-                            "lruCapacityPerServer": prefix.lruCapacityPerServer}},
+             "parameters": {"autoTune": False, "blockSizeTokens": index.blockSize,
+                            "maxPrefixTokensToMatch": index.maxPrefixTokensToMatch,
+                            "lruCapacityPerServer": index.lruCapacityPerServer}},
             {"type": "prefix-cache-scorer"},
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},

@@ -1,0 +1,98 @@
+"""No import cycles inside the project's packages: every import (at module level, in a
+function, or under TYPE_CHECKING) of every module is an edge, and each strongly connected
+component of the graph must be a single module. A cycle works only while the import order
+happens to suit it, and makes the modules in it one unit that cannot be tested apart."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {"longctx_operator": REPO / "operator", "longctx_engine": REPO / "engine",
+            "longctx_kernels": REPO / "kernels"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, root in PACKAGES.items():
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports, relative imports resolved. `from a import b`
+    names module a.b when there is one, else a itself."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m for m in out if m in known and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walker_sees_a_cycle_and_resolves_relative_imports():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    known = modules()
+    edges = imports("longctx_operator.reconcile", known["longctx_operator.reconcile"], known)
+    assert {"longctx_operator.rollout", "longctx_operator.kube",
+            "longctx_engine.contract"} <= edges
+
+
+def test_no_import_cycles():
+    known = modules()
+    assert len(known) > 30, sorted(known)
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(f"{a} imports {b}" for a in c
+                                           for b in sorted(graph[a] & set(c))) + ")"
+        for c in found)
