@@ -51,9 +51,9 @@ def problems(spec: LongContextDeploymentSpec) -> list[str]:
             if size > 1:
                 out.append(_refusal(
                     f"spec.{role}.contextParallel.{kind}", size,
-                    "context parallelism needs the GPU attention backends (the CPU "
-                    "attention backend has no PCP/DCP support, vllm/v1/attention/backends/"
-                    "cpu_attn.py)", "set it to 1"))
+                    "the CPU MLA backend runs one context-parallel rank (dcp_world_size is "
+                    "fixed to 1, vllm/v1/attention/backends/mla/cpu_mla.py:150)",
+                    "set it to 1"))
         if r.gpusPerPod != 1:
             out.append(_refusal(f"spec.{role}.gpusPerPod", r.gpusPerPod,
                                 "a CPU pod runs one engine rank", "set it to 1"))
@@ -65,24 +65,26 @@ def problems(spec: LongContextDeploymentSpec) -> list[str]:
                 "set it to 0 (the CPU KV cache already lives in host memory)"))
     if spec.decode.hiSparse.enabled:
         out.append(_refusal("spec.decode.hiSparse.enabled", "true",
-                            "HiSparse uses torch.cuda.Event and Stream (vllm/v1/hisparse/"
-                            "worker.py:173,282)", "set it to false"))
+                            "HiSparse shares torch.cuda.Event objects between processes "
+                            "(vllm/distributed/kv_transfer/kv_connector/v1/hisparse/worker.py:"
+                            "173)", "set it to false"))
     if spec.decode.dataParallel > 1 or spec.prefill.dataParallel > 1:
         role = "decode" if spec.decode.dataParallel > 1 else "prefill"
         out.append(_refusal(
             f"spec.{role}.dataParallel", getattr(spec, role).dataParallel,
             "data parallelism fails on CPU (dense models: 'Non-MoE models do not support "
-            "external data parallel mode', vllm/engine/arg_utils.py:2420; MoE: all_gatherv "
+            "external data parallel mode', vllm/engine/arg_utils.py:2421; MoE: all_gatherv "
             "raises NotImplementedError, vllm/distributed/device_communicators/"
             "base_device_communicator.py:296)", "set it to 1 and scale with spec.replicas"))
     if spec.engine.kvCacheDtype != "auto":
         out.append(_refusal("spec.engine.kvCacheDtype", spec.engine.kvCacheDtype,
-                            "FP8 fp8_ds_mla KV needs FlashMLA's sparse kernels; the CPU MLA "
-                            "backend takes BF16 rows only (vllm/model_executor/layers/"
-                            "attention/mla_attention.py:1601)", "set it to auto"))
+                            "the CPU MLA backend supports the auto (BF16) KV cache only "
+                            "(vllm/v1/attention/backends/mla/cpu_mla.py:58)",
+                            "set it to auto"))
     if spec.engine.speculative.method != "none":
         out.append(_refusal("spec.engine.speculative.method", spec.engine.speculative.method,
-                            "MTP drafting is not supported by the CPU model runner",
+                            "MTP drafting has not been run on the CPU backend here (the tiny "
+                            "models have no MTP layers), so it is refused until it has",
                             "set it to none"))
     if spec.engine.vllmVersion != VLLM_VERSION:
         out.append(_refusal("spec.engine.vllmVersion", spec.engine.vllmVersion,

@@ -33,15 +33,15 @@ def test_the_cpu_example_has_no_problem():
 
 @pytest.mark.parametrize("edit, field, source", [
     (lambda d: d["prefill"]["contextParallel"].update(prefill=2),
-     "spec.prefill.contextParallel.prefill is 2", "cpu_attn.py"),
+     "spec.prefill.contextParallel.prefill is 2", "cpu_mla.py:150"),
     (lambda d: d["decode"]["hiSparse"].update(enabled=True),
-     "spec.decode.hiSparse.enabled is true", "hisparse/worker.py:173,282"),
+     "spec.decode.hiSparse.enabled is true", "hisparse/worker.py:173"),
     (lambda d: d["prefill"].update(cpuOffloadPerRank="1Gi"),
      "spec.prefill.cpuOffloadPerRank is 1Gi", "gpu_worker.py:302"),
     (lambda d: d["decode"].update(dataParallel=2, replicas=2),
      "spec.decode.dataParallel is 2", "base_device_communicator.py:296"),
     (lambda d: d["engine"].update(kvCacheDtype="fp8"),
-     "spec.engine.kvCacheDtype is fp8", "mla_attention.py"),
+     "spec.engine.kvCacheDtype is fp8", "cpu_mla.py:58"),
     (lambda d: d["engine"]["cpu"].update(kvCacheSpace="1536Mi"),
      "spec.engine.cpu.kvCacheSpace is 1536Mi", "whole GiB"),
     (lambda d: d["engine"].update(vllmVersion="0.33.0"),
