@@ -90,6 +90,10 @@ STATUS_SCHEMA: dict[str, Any] = {
         "revision": {"type": "string", "description": "The serving revision (the NIXL "
                      "pairing key of its spec)."},
         "rollout": _ROLLOUT_STATUS,
+        "rolloutCause": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                         "description": "What started the last change of the engines: "
+                         "cause spec (an edit) or operator (an operator whose rendering of "
+                         "the same spec changed), the roles, and a message."},
     },
 }
 

@@ -55,6 +55,8 @@ class Outcome:
     deleted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     status_written: bool = False
+    # Roles whose launch document this operator renders differently for an unchanged spec.
+    rerendered: list[str] = field(default_factory=list)
 
     def wake_within(self, seconds: float) -> None:
         """Ask for a reconcile after at most `seconds`, with no event (the earliest wins)."""
@@ -174,6 +176,9 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
                             endpoint=_endpoint(name, namespace, spec), previous=previous,
                             rollout=step)
     status.update(scale_status(name, spec, observed.pods))
+    cause = _rollout_cause(outcome, cr, previous)
+    if cause:
+        status["rolloutCause"] = cause
     if step is None:   # a refused spec changes nothing about revisions
         status.update({k: previous[k] for k in ("rollout", "revision") if k in previous})
     outcome.phase = status["phase"]
@@ -324,6 +329,10 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         if live is None:
             why = ("Created", "created") if new_generation else ("Recreated",
                                                                   "recreated (deleted)")
+        elif not new_generation and _rerendered(obj, live):
+            why = ("OperatorRender", "rolled in place, one pod at a time: this operator "
+                   "renders a different launch document for the same spec")
+            outcome.rerendered.append(obj["metadata"]["labels"][contract.COMPONENT_LABEL])
         else:
             why = ("RollingOut", "updated to the new spec") if new_generation else (
                 "Repaired", "restored (a managed field had drifted)")
@@ -353,6 +362,34 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
                                    " is no longer part of the spec"))
     for kind in {o["kind"] for o in desired}:
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
+
+
+def _rerendered(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """An engine StatefulSet whose launch document digest changed."""
+    if desired["kind"] != "StatefulSet":
+        return False
+    key = contract.ENGINE_CONFIG_ANNOTATION
+
+    def digest(obj: dict[str, Any]) -> str | None:
+        return (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+            "annotations", {}).get(key)
+    return digest(live) is not None and digest(live) != digest(desired)
+
+
+def _rollout_cause(outcome: Outcome, cr: dict[str, Any], previous: dict[str, Any]
+                   ) -> dict[str, Any] | None:
+    """What started the last in-place roll: a spec edit, or this operator's rendering."""
+    generation = cr["metadata"].get("generation")
+    if outcome.rerendered:
+        roles = sorted(set(outcome.rerendered))
+        return {"cause": "operator", "roles": roles, "generation": generation,
+                "message": f"the operator's launch document for {' and '.join(roles)} changed "
+                           "while the spec did not change (an operator upgrade); each role "
+                           "rolls in place, one pod at a time"}
+    if outcome.applied and previous.get("observedGeneration") != generation:
+        return {"cause": "spec", "generation": generation,
+                "message": f"the spec changed (generation {generation})"}
+    return previous.get("rolloutCause")
 
 
 def _drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,

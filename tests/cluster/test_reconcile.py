@@ -58,8 +58,8 @@ def test_drift_is_repaired_and_a_deleted_child_is_recreated(cluster, operator, n
     prefill = sts_name(example_cr(), "prefill")
     sts = cluster.get("statefulset", prefill, namespace)
     original = sts["spec"]["template"]["spec"]["containers"][0]["command"]
-    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/command/3",
-              "value": "decode"}]
+    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/command/2",
+              "value": "/etc/longctx/decode.json"}]
     cluster.kubectl("patch", "statefulset", prefill, "-n", namespace, "--type=json",
                     "-p", json.dumps(patch))
     wait_for(lambda: cluster.get("statefulset", prefill, namespace)["spec"]["template"]

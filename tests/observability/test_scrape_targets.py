@@ -135,11 +135,19 @@ def test_every_vllm_rank_of_both_roles_and_the_picker_are_scraped(name):
         expected |= {Target(f"PodMonitor/{contract.pod_monitor(cr_name)}", workload,
                             contract.ENGINE_CONTAINER, port, "/metrics")
                      for port in role.ports.http}
-    picker = f"Deployment/{contract.picker(cr_name)}"
-    (epp,) = _containers(workloads[picker])
-    expected.add(Target(f"PodMonitor/{contract.picker(cr_name)}", picker, epp["name"],
-                        int(_flag(epp, "--metrics-port")), "/metrics"))
-    assert int(_flag(epp, "--metrics-port")) == contract.PICKER_METRICS_PORT
+    if plan.spec.router.type == "vllm-router":
+        router = f"Deployment/{contract.vllm_router(cr_name)}"
+        (container,) = _containers(workloads[router])
+        port = int(container["args"][container["args"].index("--prometheus-port") + 1])
+        assert port == contract.VLLM_ROUTER_METRICS_PORT
+        expected.add(Target(f"PodMonitor/{contract.vllm_router(cr_name)}", router,
+                            container["name"], port, "/metrics"))
+    else:
+        picker = f"Deployment/{contract.picker(cr_name)}"
+        (epp,) = _containers(workloads[picker])
+        expected.add(Target(f"PodMonitor/{contract.picker(cr_name)}", picker, epp["name"],
+                            int(_flag(epp, "--metrics-port")), "/metrics"))
+        assert int(_flag(epp, "--metrics-port")) == contract.PICKER_METRICS_PORT
     # Exactly these: not the DP supervisor, not the routing sidecar (its /metrics is vLLM's,
     # proxied, and llm-d-router v0.10's sidecar serves none of its own).
     assert set(targets) == expected

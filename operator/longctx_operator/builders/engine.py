@@ -234,8 +234,10 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         "tolerations": [*([] if cpu_platform.is_cpu(spec) else [GPU_TOLERATION]),
                         *[dict(t) for t in spec.placement.tolerations]],
     }
-    if not pod_spec["affinity"]:
-        del pod_spec["affinity"]
+    # The API server drops empty fields; rendering them would read as drift forever.
+    for key in ("affinity", "tolerations"):
+        if not pod_spec[key]:
+            del pod_spec[key]
     if spec.placement.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.placement.nodeSelector)
     if spec.placement.priorityClassName:
