@@ -15,21 +15,10 @@ from longctx_engine.planner import plan as capacity_plan
 from longctx_operator.builders import autoscaling
 from tests.contract.variants import spec_with
 from tests.observability import prom
+from tests.operator.test_autoscaling import CR, _spec
 
-CR = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
-      "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
 # vLLM's per-engine labels (vllm/v1/metrics/loggers.py: labelnames = ["model_name", "engine"]).
 VLLM_LABELS = ("model_name", "engine")
-
-
-def _spec(**changes):
-    def edit(d: dict) -> None:
-        d["maxContextTokens"] = 262144    # several requests per rank on both tiers
-        for role in ("prefill", "decode"):
-            d[role].pop("replicas", None)
-        d["replicas"] = 2
-        d.update(changes)
-    return spec_with(edit)
 
 
 def vllm_metrics_text(values: dict[str, dict[int, float]]) -> str:
