@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from longctx_engine import api, contract
-from longctx_engine.compat import pd_compatibility
-from longctx_engine.launch import LaunchDocument, LaunchError, fill, parse
-from longctx_engine.recipes import EngineCommand
 from longctx_engine.planner import NodeMemory, plan as plan_capacity
 from longctx_engine.quantity import parse_bytes
-from longctx_engine.roles import RolePlan, ServingPlan, serving_plan
+from longctx_engine.recipes import launch_document
+from longctx_engine.roles import ServingPlan, serving_plan
 from longctx_engine.rules import RecipeError
 from longctx_engine.scaling import scale_status
 from longctx_engine.schema import SpecError
@@ -30,9 +28,9 @@ from . import metrics, rollout
 from .builders import vllm_router
 from .builders.router import picker_status
 from .desired import desired_objects
+from .engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from .kube import Kube, KubeError
 from .status import Observed, Refusal, compute_status, merge_patch, status_changed
-from longctx_engine.recipes import launch_document
 
 log = logging.getLogger(__name__)
 POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
@@ -85,18 +83,6 @@ def _label(obj: dict[str, Any]) -> str:
     return "/".join(_key(obj))
 
 
-def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
-    """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
-    handshake. The two documents may come from different renderings: an in-place roll of
-    one role pairs its new engines with the other role's running ones."""
-    commands = [EngineCommand(**vars(fill(doc, f"{doc.deployment}-{doc.role}-0", "0.0.0.0")))
-                for doc in (prefill, decode)]
-    mismatches = pd_compatibility(*commands)
-    if mismatches:
-        raise RecipeError("prefill and decode engines are incompatible for NIXL: "
-                          + "; ".join(mismatches))
-
-
 def _node_memory(kube: Kube, fresh: bool = False) -> list[NodeMemory] | None:
     """The nodes' allocatable memory and labels for the planner; None when they cannot be
     listed. `fresh`: listed now (a topology domain is judged by labels just applied)."""
@@ -141,7 +127,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         else:
             plan = serving_plan(spec, name)
             check_pair(*(launch_document(role, name, namespace) for role in plan.roles))
-            _check_in_place_pair(kube, cr, plan)
+            check_in_place_pair(kube, cr, plan)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
 
@@ -176,7 +162,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
                             endpoint=_endpoint(name, namespace, spec), previous=previous,
                             rollout=step)
     status.update(scale_status(name, spec, observed.pods))
-    cause = _rollout_cause(outcome, cr, previous)
+    cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous)
     if cause:
         status["rolloutCause"] = cause
     if step is None:   # a refused spec changes nothing about revisions
@@ -235,25 +221,6 @@ def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeplo
         if selected:
             return selected
     return previous.get("revision")
-
-
-def _check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> None:
-    """An in-place roll restarts only the role whose launch document changed: its new
-    engines pair with the other role's running ones, which run the live documents."""
-    meta = cr["metadata"]
-    live = kube.get("v1", "ConfigMap", meta["namespace"],
-                    contract.engine_configmap(meta["name"], plan.revision))
-    data = (live or {}).get("data") or {}
-    new = {role.role: launch_document(role, meta["name"], meta["namespace"])
-           for role in plan.roles}
-    try:
-        running = {role: parse(data[contract.launch_key(role)]) for role in contract.ROLES}
-    except (KeyError, LaunchError):
-        return   # a document this operator cannot read is replaced, not paired with
-    if running == new:
-        return   # nothing rolls in place
-    check_pair(new["prefill"], running["decode"])
-    check_pair(running["prefill"], new["decode"])
 
 
 def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]
@@ -329,7 +296,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         if live is None:
             why = ("Created", "created") if new_generation else ("Recreated",
                                                                   "recreated (deleted)")
-        elif not new_generation and _rerendered(obj, live):
+        elif not new_generation and rerendered(obj, live):
             why = ("OperatorRender", "rolled in place, one pod at a time: this operator "
                    "renders a different launch document for the same spec")
             outcome.rerendered.append(obj["metadata"]["labels"][contract.COMPONENT_LABEL])
@@ -362,34 +329,6 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
                                    " is no longer part of the spec"))
     for kind in {o["kind"] for o in desired}:
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
-
-
-def _rerendered(desired: dict[str, Any], live: dict[str, Any]) -> bool:
-    """An engine StatefulSet whose launch document digest changed."""
-    if desired["kind"] != "StatefulSet":
-        return False
-    key = contract.ENGINE_CONFIG_ANNOTATION
-
-    def digest(obj: dict[str, Any]) -> str | None:
-        return (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
-            "annotations", {}).get(key)
-    return digest(live) is not None and digest(live) != digest(desired)
-
-
-def _rollout_cause(outcome: Outcome, cr: dict[str, Any], previous: dict[str, Any]
-                   ) -> dict[str, Any] | None:
-    """What started the last in-place roll: a spec edit, or this operator's rendering."""
-    generation = cr["metadata"].get("generation")
-    if outcome.rerendered:
-        roles = sorted(set(outcome.rerendered))
-        return {"cause": "operator", "roles": roles, "generation": generation,
-                "message": f"the operator's launch document for {' and '.join(roles)} changed "
-                           "while the spec did not change (an operator upgrade); each role "
-                           "rolls in place, one pod at a time"}
-    if outcome.applied and previous.get("observedGeneration") != generation:
-        return {"cause": "spec", "generation": generation,
-                "message": f"the spec changed (generation {generation})"}
-    return previous.get("rolloutCause")
 
 
 def _drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,

@@ -11,7 +11,7 @@ from longctx_engine.roles import serving_plan
 from longctx_engine.rules import RecipeError
 from longctx_engine.recipes import launch_document
 from longctx_operator.desired import desired_objects
-from longctx_operator.reconcile import check_pair
+from longctx_operator.engine_documents import check_pair
 from tests.contract.variants import spec_with
 
 
