@@ -8,7 +8,6 @@ and `make demo`; every substitution is listed in docs/test-harness.md.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import subprocess
@@ -22,6 +21,7 @@ import yaml
 
 from tests.cluster.controlplane import REPO, ControlPlane
 from tests.cluster.pod_runner import PodRunner
+from tests.contract.variants import deep_merge
 
 EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"
 ENGINE_IMAGE = "ghcr.io/longctx/engine-cpu:0.1.0"
@@ -68,16 +68,8 @@ def cpu_cr(name: str, model: str = "mla", **spec: Any) -> dict[str, Any]:
                          "effect": "NoSchedule"}]}
     # One core each, so that prefill and decode do not fight over the same one.
     cr["spec"]["engine"]["cpu"]["threadsBind"] = {"prefill": "0", "decode": "1"}
-    _merge(cr["spec"], spec)
+    deep_merge(cr["spec"], spec)
     return cr
-
-
-def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
 
 
 def models_volume(namespace: str) -> str:

@@ -19,6 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
 
 
+def deep_merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    """Writes `update` into `into`, nested mappings key by key, values copied."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
 def example_manifest() -> dict[str, Any]:
     return yaml.safe_load(EXAMPLE.read_text())
 

@@ -3,7 +3,6 @@ and refuses layouts that cannot hold maxContextTokens, naming what to change."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -16,6 +15,7 @@ from longctx_engine import api, models, planner
 from longctx_engine.api import load_spec
 from longctx_engine.layout import Layout
 from longctx_engine.quantity import GiB
+from tests.contract.variants import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -31,15 +31,7 @@ def example_spec() -> dict:
 def spec_with(**changes) -> api.LongContextDeploymentSpec:
     """The example spec with nested overrides: spec_with(prefill={"dataParallel": 8})."""
     raw = example_spec()
-
-    def merge(into: dict, update: dict) -> None:
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-
-    merge(raw, copy.deepcopy(changes))
+    deep_merge(raw, changes)
     return load_spec(raw)
 
 

@@ -4,7 +4,6 @@ numbers are recomputed here from the plan's and the spec's fields."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from pathlib import Path
@@ -17,21 +16,15 @@ from longctx_engine.prefix_index import (derived_lru_capacity, gpu_tokens_per_ra
                                          prefix_index, rank_tokens)
 from longctx_engine.quantity import GiB
 from longctx_engine.schema import object_schema
+from tests.contract.variants import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]
 OLD_LRU, OLD_MAX_PREFIX = 31250, 131072   # the fixed defaults this replaces
 
 
 def load(name: str, **patch) -> api.LongContextDeploymentSpec:
-    raw = copy.deepcopy(yaml.safe_load((REPO / "examples" / name).read_text())["spec"])
-
-    def merge(into: dict, update: dict) -> None:
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-    merge(raw, patch)
+    raw = yaml.safe_load((REPO / "examples" / name).read_text())["spec"]
+    deep_merge(raw, patch)
     return api.load_spec(raw)
 
 
