@@ -4,6 +4,7 @@
 #   docker build --target engine-cpu  -t ghcr.io/longctx/engine-cpu:0.1.0 .
 #   docker build --target vllm-router -t ghcr.io/longctx/vllm-router:0.1.17 .
 #   docker build --target operator    -t ghcr.io/longctx/longctx-operator:0.1.0 .
+#   docker build --target bench       -t ghcr.io/longctx/bench:0.1.0 .
 # The operator image carries no vLLM and no torch (pyproject's base dependencies only);
 # the engine image is vLLM's own release image plus the pure-Python longctx packages;
 # engine-cpu is vLLM's CPU build (spec.engine.platform: cpu) from tools/requirements-engine-cpu.txt;
@@ -14,6 +15,8 @@
 
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# inference-perf, the benchmark's load generator, needs Python >= 3.12.
+ARG BENCH_PYTHON_IMAGE=python:3.12.12-slim-bookworm
 
 # ---------------------------------------------------------------- wheel (shared build step)
 FROM ${PYTHON_IMAGE} AS wheel
@@ -110,13 +113,38 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 COPY --from=wheel /wheels /tmp/wheels
 COPY tools/requirements-engine-cpu.txt /tmp/requirements-engine-cpu.txt
-# Installs the base dependencies only (kopf, kubernetes, prometheus-client, pyyaml), at the
-# lock's versions: not the `engine` or `kernels` extras, so neither vLLM nor torch.
+# Installs the base dependencies only (kopf, kubernetes, prometheus-client, pyyaml, and
+# cel-python, which evaluates the API's CEL rules offline), at the lock's versions: not the
+# `engine` or `kernels` extras, so neither vLLM nor torch. The engines never evaluate the rules,
+# so the lock lacks cel-python and the two compiled packages it adds (RE2, pendulum): pinned here.
 RUN python -m pip install --no-cache-dir -c /tmp/requirements-engine-cpu.txt /tmp/wheels/longctx-*.whl \
+      "cel-python==0.5.0" "google-re2==1.1.20251105" "pendulum==3.3.0" \
  && rm -rf /tmp/wheels /tmp/requirements-engine-cpu.txt \
- && python -c "import sys, longctx_operator.main; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+ && python -c "import sys, celpy, longctx_operator.main; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
 USER 65532:65532
 # `longctx operator` runs Kopf with the handlers of longctx_operator.main
 # (the chart passes: operator [--namespace NS] [--peering NAME] ...).
 ENTRYPOINT ["longctx"]
 CMD ["operator"]
+
+# ---------------------------------------------------------------- bench
+# `longctx bench` in a Job (docs/bench.md): longctx with its base dependencies, and the
+# benchmark environment of tools/requirements-bench.txt (inference-perf, llmd-benchmark-report,
+# matplotlib) in /opt/bench, where the longctx package is installed again for its plot and
+# report validation; LONGCTX_BENCH_ENV points `longctx bench` there.
+FROM ${BENCH_PYTHON_IMAGE} AS bench
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp LONGCTX_BENCH_ENV=/opt/bench
+COPY --from=wheel /wheels /tmp/wheels
+COPY tools/requirements-bench.txt /tmp/requirements-bench.txt
+COPY tools/requirements-engine-cpu.txt /tmp/requirements-engine-cpu.txt
+RUN python -m venv /opt/bench \
+ && /opt/bench/bin/pip install --no-cache-dir --no-deps -r /tmp/requirements-bench.txt \
+ && /opt/bench/bin/pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
+ && python -m pip install --no-cache-dir -c /tmp/requirements-engine-cpu.txt /tmp/wheels/longctx-*.whl \
+      "cel-python==0.5.0" "google-re2==1.1.20251105" "pendulum==3.3.0" \
+ && rm -rf /tmp/wheels /tmp/requirements-bench.txt /tmp/requirements-engine-cpu.txt \
+ && /opt/bench/bin/inference-perf --help >/dev/null \
+ && longctx bench --help >/dev/null
+USER 65532:65532
+ENTRYPOINT ["longctx"]
+CMD ["bench", "--help"]

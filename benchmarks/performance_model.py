@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api, hardware, models, performance, planner
+from longctx_engine import (api, cost_terms, hardware, kv_sizing, models, performance,
+                            phase_timing, planner)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glm-5.3-1m.yaml"
 PROMPTS = [2 ** n for n in range(13, 21)]   # 8K .. 1M
@@ -48,14 +49,14 @@ TURN_CACHED, TURN_NEW, TURN_OUTPUT = 66_000, 4_096, 1_000
 def validation(spec: api.LongContextDeploymentSpec, hw: hardware.HardwareProfile) -> list:
     """(figure, seed, model) rows; the model's figures are computed here, the seed's quoted."""
     prefill_layout, _ = planner.role_layouts(spec)
-    shape = performance.model_shape(spec)
+    shape = cost_terms.model_shape(spec)
     rows = []
 
     def dcp_overhead(chunk: int, context: int) -> float:
-        step = performance.prefill_chunk(shape, prefill_layout, hw, chunk, context)
-        without = performance.prefill_chunk(shape, performance.without_dcp(prefill_layout), hw,
+        step = phase_timing.prefill_chunk(shape, prefill_layout, hw, chunk, context)
+        without = phase_timing.prefill_chunk(shape, phase_timing.without_dcp(prefill_layout), hw,
                                             chunk, context)
-        return 100 * performance.dcp_overhead(step, without)
+        return 100 * phase_timing.dcp_overhead(step, without)
 
     # "About 6% up to 64K": the short end (8K) and 64K itself; then 248K. vLLM's chunk is the
     # step's tokens (2048, 256 a GPU); the other reading, 2K a GPU, is a 16K step.
@@ -69,7 +70,7 @@ def validation(spec: api.LongContextDeploymentSpec, hw: hardware.HardwareProfile
     arch = models.resolve_architecture(spec.model)
     for name, heads, seed in (("TP8", 8, 32_768), ("PCP8", 64, 262_144)):
         rows.append((f"indexer FLOPs overtake sparse MLA, {name} (tokens)", seed,
-                     planner.indexer_crossover_tokens(arch, heads)))
+                     kv_sizing.indexer_crossover_tokens(arch, heads)))
     dp8 = dict(performance.alternatives(spec))["DP8 prefill + offload"]
     ttft = {}
     for name, layout_spec, seed in (("PCP8 x DCP8", spec, (0.8, 0.9)), ("DP8", dp8, (1.5, 5.2))):
@@ -127,7 +128,7 @@ def main() -> None:
         for name, row in table.items():
             points = [(p, v) for p, v in zip(PROMPTS, row) if v]
             ax.plot(*zip(*points), marker="o", label=name)
-        crossover = planner.indexer_crossover_tokens(
+        crossover = kv_sizing.indexer_crossover_tokens(
             models.resolve_architecture(spec.model), 64)
         ax.axvline(crossover, color="grey", linestyle=":", label="indexer crossover, PCP8")
         ax.set(xscale="log", yscale="log", xlabel="prompt tokens (from scratch)",

@@ -174,7 +174,9 @@ def operator(cluster: Cluster) -> Iterator[Any]:
     from tests.cluster.controlplane import free_port
 
     settings_env = {"LONGCTX_WATCH_SERVER_TIMEOUT": "10",
-                    "LONGCTX_METRICS_PORT": str(free_port())}  # served on 127.0.0.1
+                    "LONGCTX_METRICS_PORT": str(free_port()),  # served on 127.0.0.1
+                    # Only the loopback pods' engines run; kwok's pod IPs are not local.
+                    "LONGCTX_ENGINE_METRICS_NETWORKS": "127.0.0.0/8"}
     os.environ.update(settings_env)
     try:
         with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",

@@ -205,19 +205,19 @@ def launcher() -> tuple[int, str, str]:
 
 
 def test_targets():
-    assert {"engine", "operator", "engine-cpu", "vllm-router"} <= set(stages())
+    assert {"engine", "operator", "engine-cpu", "vllm-router", "bench"} <= set(stages())
 
 
 def test_image_tags_are_the_operator_defaults():
-    from longctx_engine import api
+    from longctx_engine import api_engine, api_serving
     tags = image_tags()
     assert set(tags) == set(stages()) - {"wheel"}, tags
     example = yaml.safe_load((REPO / "examples/tiny-mla-cpu.yaml").read_text())
     assert tags["engine-cpu"] == example["spec"]["engine"]["image"]
-    assert tags["vllm-router"] == default(api.Router, "vllmRouterImage")
-    assert tags["engine"] == default(api.Engine, "image")
+    assert tags["vllm-router"] == default(api_serving.Router, "vllmRouterImage")
+    assert tags["engine"] == default(api_engine.Engine, "image")
     # The longctx images carry the project's version; the router image, vllm-router's.
-    for target in ("engine", "engine-cpu", "operator"):
+    for target in ("engine", "engine-cpu", "operator", "bench"):
         assert tags[target].rsplit(":", 1)[1] == PYPROJECT["version"], target
     router_pins = {norm(m.group(1)): m.group(3) for p in pip_installs()
                    if p.stage == "vllm-router" for r in p.requirements
@@ -345,7 +345,7 @@ def test_operator_is_non_root_and_has_no_vllm():
 
 
 def test_entrypoints_are_console_scripts():
-    for stage in ("engine", "engine-cpu", "operator"):
+    for stage in ("engine", "engine-cpu", "operator", "bench"):
         entry = exec_form(stage, "ENTRYPOINT")
         assert entry[0] in SCRIPTS, f"{stage}: {entry[0]} is not in [project.scripts]"
     assert exec_form("engine", "ENTRYPOINT") == ["longctx-engine"]
@@ -370,3 +370,23 @@ def test_engine_container_command_matches_image():
     from longctx_engine.contract import ENGINE_CONTAINER_COMMAND
     for stage in ("engine", "engine-cpu"):
         assert ENGINE_CONTAINER_COMMAND[0] == exec_form(stage, "ENTRYPOINT")[0]
+
+
+def test_bench_image_is_the_jobs_and_installs_the_bench_lock():
+    """The image `longctx bench --render` puts in its Job; Python >= 3.12 (inference-perf's
+    floor); tools/requirements-bench.txt installed whole with --no-deps into the venv that
+    LONGCTX_BENCH_ENV names; non-root."""
+    from longctx_operator.bench.job import BENCH_IMAGE
+    assert image_tags()["bench"] == BENCH_IMAGE
+    image = base("bench")
+    m = re.fullmatch(r"python:3\.(\d+)\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", image)
+    assert m and int(m.group(1)) >= 12, image
+    venv = env("bench")["LONGCTX_BENCH_ENV"]
+    lock_installs = [p for p in pip_installs() if p.stage == "bench"
+                     and p.files.get("-r") == ["/tmp/requirements-bench.txt"]]
+    assert len(lock_installs) == 1 and "--no-deps" in lock_installs[0].flags
+    body = "\n".join(stages()["bench"])
+    assert f"{venv}/bin/pip install --no-cache-dir --no-deps -r" in body
+    assert "COPY tools/requirements-bench.txt /tmp/requirements-bench.txt" in body
+    users = [l for l in stages()["bench"] if l.startswith("USER ")]
+    assert users and users[-1].split()[1].split(":")[0] == "65532"

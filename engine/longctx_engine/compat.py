@@ -15,11 +15,12 @@ kv_cache_dtype), the hybrid KV cache manager (on for both), and the NIXL transfe
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import contract
 from .extra_args import parse_flags
 from .recipes import EngineCommand, canonical_kv_cache_dtype
+from .revision import HANDSHAKE_FACTORS
 
 
 # Legacy MTP method names vLLM rewrites to "mtp" (speculative.py:1246-1250).
@@ -118,6 +119,15 @@ def _mode(nixl: Optional[dict]) -> Optional[str]:
     return "push" if nixl.get("kv_connector") == "NixlPushConnector" else "pull"
 
 
+# How each of revision.HANDSHAKE_FACTORS reads on a rendered command.
+_ON_COMMAND: dict[str, Callable[[EngineCommand], Any]] = {
+    "model": model_string,
+    "vllm": lambda cmd: cmd.env.get(contract.ENV_VLLM_VERSION),
+    "kvCacheDtype": kv_cache_dtype,
+    "speculative": lambda cmd: (speculative(cmd) or {}).get("method"),
+}
+
+
 def pd_compatibility(prefill_cmd: EngineCommand, decode_cmd: EngineCommand) -> list[str]:
     """Mismatches that would fail the NIXL handshake (empty list = compatible)."""
     p, d = prefill_cmd, decode_cmd
@@ -127,22 +137,18 @@ def pd_compatibility(prefill_cmd: EngineCommand, decode_cmd: EngineCommand) -> l
         if pv != dv:
             out.append(f"{what} differs: prefill {pv!r}, decode {dv!r}; {fix}")
 
-    cmp("--model string", model_string(p), model_string(d),
-        "NIXL hashes it verbatim: use the identical repo id or path on both roles")
-    cmp("vLLM version", p.env.get(contract.ENV_VLLM_VERSION), d.env.get(contract.ENV_VLLM_VERSION),
-        "run the same engine image (spec.engine.vllmVersion) on both roles")
-    cmp("KV cache dtype", kv_cache_dtype(p), kv_cache_dtype(d),
-        "both roles must use the same spec.engine.kvCacheDtype")
+    ps, ds = speculative(p), speculative(d)
+    for factor in HANDSHAKE_FACTORS:
+        if factor.key == "speculative" and (ps is None) != (ds is None):
+            out.append(f"speculative decoding is {'on' if ps else 'off'} on prefill and "
+                       f"{'on' if ds else 'off'} on decode; the NIXL hash includes it, so "
+                       "prefill must run the same method (spec.engine.speculative)")
+            continue
+        read = _ON_COMMAND[factor.key]
+        cmp(factor.what, read(p), read(d), factor.fix)
     cmp("--attention-backend", _flag(p, "attention-backend"), _flag(d, "attention-backend"),
         "pin the same backend on both roles or on neither")
-    ps, ds = speculative(p), speculative(d)
-    if (ps is None) != (ds is None):
-        out.append(f"speculative decoding is {'on' if ps else 'off'} on prefill and "
-                   f"{'on' if ds else 'off'} on decode; the NIXL hash includes it, so prefill "
-                   "must run the same method (spec.engine.speculative)")
-    elif ps and ds:
-        cmp("speculative method", ps.get("method"), ds.get("method"),
-            "use the same spec.engine.speculative.method")
+    if ps and ds:
         for key in _SPEC_HASH_KEYS:
             cmp(f"speculative {key}", ps.get(key), ds.get(key),
                 "the draft must be identical on both roles")

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from . import performance, planner
+from . import cost_terms, performance, phase_timing, planner
 from .api import LongContextDeploymentSpec
 from .hardware import H200
 
@@ -71,19 +71,19 @@ class FaultSettings:
 
 def fault_settings(spec: LongContextDeploymentSpec) -> FaultSettings:
     """The data path's fault settings at spec.maxContextTokens (see the module docstring)."""
-    shape = performance.model_shape(spec)
+    shape = cost_terms.model_shape(spec)
     if shape is None:
         return FaultSettings("fail", VLLM_DEFAULT_LEASE_SECONDS, UNPRICED_REQUEST_TIMEOUT_SECONDS)
     tokens = spec.maxContextTokens
     prefill_layout, decode_layout = planner.role_layouts(spec)
-    prefill = performance.prefill(shape, prefill_layout, H200, tokens).seconds
-    transfer = performance.kv_transfer_seconds(spec, H200, tokens)
-    recompute = performance.prefill(shape, decode_layout, H200, tokens).seconds
+    prefill = phase_timing.prefill(shape, prefill_layout, H200, tokens).seconds
+    transfer = phase_timing.kv_transfer_seconds(spec, H200, tokens)
+    recompute = phase_timing.prefill(shape, decode_layout, H200, tokens).seconds
     retry = prefill + transfer
-    chunk = min(performance.PREFILL_CHUNK_TOKENS, tokens)
+    chunk = min(cost_terms.PREFILL_CHUNK_TOKENS, tokens)
     longest_step = max(
-        performance.prefill_chunk(shape, prefill_layout, H200, chunk, tokens - chunk).seconds,
-        performance.decode_step(spec, shape, decode_layout, H200, tokens, 1).seconds)
+        phase_timing.prefill_chunk(shape, prefill_layout, H200, chunk, tokens - chunk).seconds,
+        phase_timing.decode_step(spec, shape, decode_layout, H200, tokens, 1).seconds)
     lease = max(VLLM_DEFAULT_LEASE_SECONDS, math.ceil(HEARTBEATS_PER_LEASE * longest_step))
     summary = performance.summary_at_max_context(spec)
     per_user = summary["decode"]["tokensPerSecondPerUser"] if summary else 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import cpu_platform, models
-from .api import Architecture, LongContextDeploymentSpec
+from .api import LongContextDeploymentSpec
+from .api_model import Architecture
 from .layout import Layout
 from .quantity import AUTO, GiB, parse_bytes
 

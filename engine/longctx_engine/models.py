@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import PRESET_MTP_LAYERS, Architecture, Model
+from .api_model import Architecture, Model, PRESET_MTP_LAYERS
 from .schema import Quantity
 
 # fp8_ds_mla: one FP8 byte per latent element, one fp32 scale per 128 elements, BF16 RoPE.

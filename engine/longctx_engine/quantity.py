@@ -35,6 +35,11 @@ def parse_bytes(value: str | int, field: str = "quantity") -> int:
     return int(number) * scale
 
 
+def gib(value: float | None) -> float | None:
+    """Bytes as GiB rounded to two decimals, for plans and messages (None stays None)."""
+    return None if value is None else round(value / GiB, 2)
+
+
 def format_bytes(value: int) -> str:
     """Renders bytes as the largest exact binary quantity (for Kubernetes manifests)."""
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):

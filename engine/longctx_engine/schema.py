@@ -16,8 +16,10 @@ import types
 import typing
 from typing import Any, ClassVar
 
-from .quantity import PATTERN as QUANTITY_PATTERN
-from .quantity import PATTERN_OR_AUTO
+import celpy
+from celpy import celtypes
+
+from .quantity import PATTERN as QUANTITY_PATTERN, PATTERN_OR_AUTO
 
 _MISSING = dataclasses.MISSING
 
@@ -37,18 +39,25 @@ class Preserved(dict):
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A validation rule, declared once: `rule` is CEL for the API server and, being written
-    in the subset of CEL that `holds` translates, also the offline check. `message` names
-    the field and the fix; `{self.path}` placeholders show the offending values."""
+    """A validation rule, declared once: `rule` is CEL, checked by the API server at apply and,
+    by a CEL implementation (cel-python, RE2 for `matches`), offline on the same values.
+    `message` names the field and the fix; `{self.path}` placeholders show the offending
+    values."""
 
     rule: str
     message: str
 
     def holds(self, subject: Any) -> bool:
-        """Evaluates the rule offline on a typed API object (or a field value)."""
-        return bool(eval(_python_expression(self.rule),
-                         {"__builtins__": {}, "len": len, "_matches": _matches},
-                         {"self": subject}))
+        """Evaluates the rule offline on a typed API object (or a field value), in its manifest
+        form: a field left unset is absent, so `has()` means what it means on the API server.
+        An evaluation error (a missing key, a division by zero) fails the rule, as there."""
+        try:
+            result = _program(self.rule).evaluate({"self": celpy.json_to_cel(dump(subject))})
+        except celpy.CELEvalError:
+            return False
+        if not isinstance(result, celtypes.BoolType):
+            raise TypeError(f"rule {self.rule!r} gives {type(result).__name__}, not a bool")
+        return bool(result)
 
     def render(self, subject: Any) -> str:
         """The message with its placeholders filled, as the API server renders it."""
@@ -67,42 +76,13 @@ class Rule:
 
 
 _PLACEHOLDER = re.compile(r"\{(self(?:\.\w+)*)\}")
-# The CEL subset rules are written in: paths on self, has(), .size(), .matches() with a
-# single-quoted literal free of backslashes and quotes (RE2 and Python's re agree on the
-# constructs such patterns use), integer arithmetic, comparisons, `in` on list literals,
-# map literals, !, && and ||. No ternaries. String literals are left as they are.
-_CEL_LITERAL = re.compile(r"('[^'\\]*')")
-_CEL_TO_PYTHON = ((re.compile(r"has\((self(?:\.\w+)+)\)"), r"(\1 is not None)"),
-                  (re.compile(r"(self(?:\.\w+)*)\.size\(\)"), r"len(\1)"),
-                  (re.compile(r"(self(?:\.\w+)*)\.matches\("), r"_matches(\1, "),
-                  (re.compile(r"&&"), " and "), (re.compile(r"\|\|"), " or "),
-                  (re.compile(r"!(?!=)"), " not "), (re.compile(r"\btrue\b"), "True"),
-                  (re.compile(r"\bfalse\b"), "False"), (re.compile(r"(?<![/])/(?![/])"), "//"))
 
 
 @functools.lru_cache(maxsize=None)
-def _python_expression(rule: str) -> Any:
-    parts = _CEL_LITERAL.split(rule)   # odd indexes: string literals, kept verbatim
-    for i in range(0, len(parts), 2):
-        for pattern, repl in _CEL_TO_PYTHON:
-            parts[i] = pattern.sub(repl, parts[i])
-    return compile("".join(parts).strip(), f"<rule {rule}>", "eval")
-
-
-def _matches(value: Any, pattern: str) -> bool:
-    """CEL's string.matches: true when the RE2 pattern matches any substring."""
-    return re.search(_re2_anchors(pattern), str(value)) is not None
-
-
-@functools.lru_cache(maxsize=None)
-def _re2_anchors(pattern: str) -> str:
-    """RE2's `$` (outside a character class) matches only at the end of the text; Python's
-    would also match before a final newline."""
-    out, in_class = [], False
-    for ch in pattern:
-        in_class = (in_class and ch != "]") or ch == "["
-        out.append(r"\Z" if ch == "$" and not in_class else ch)
-    return "".join(out)
+def _program(rule: str) -> celpy.Runner:
+    """The rule compiled once; a rule that is not CEL fails here, at its first use."""
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
 
 
 def _resolve(subject: Any, path: str) -> Any:
@@ -126,11 +106,10 @@ def _cel_literal(text: str) -> str:
 def api_field(doc: str, default: Any = _MISSING, *, minimum: int | None = None,
               maximum: int | None = None, enum: tuple[str, ...] | None = None,
               pattern: str | None = None, max_length: int | None = None,
-              max_items: int | None = None, immutable: str | None = None,
-              rules: tuple[Rule, ...] = ()) -> Any:
-    """Declares one API field. `immutable` is the reason shown when it is changed."""
+              max_items: int | None = None, rules: tuple[Rule, ...] = ()) -> Any:
+    """Declares one API field."""
     meta = dict(doc=doc, minimum=minimum, maximum=maximum, enum=enum, pattern=pattern,
-                max_length=max_length, max_items=max_items, immutable=immutable, rules=rules)
+                max_length=max_length, max_items=max_items, rules=rules)
     if default is _MISSING:
         return dataclasses.field(metadata=meta)
     if dataclasses.is_dataclass(default) or isinstance(default, (list, dict)):
@@ -219,13 +198,7 @@ def object_schema(cls: type) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         meta = f.metadata
         schema = dict(_type_schema(hints[f.name]))
-        doc = meta["doc"]
-        if meta["immutable"]:
-            doc += f" Immutable: {meta['immutable']}"
-            schema.setdefault("x-kubernetes-validations", []).append(
-                {"rule": "self == oldSelf",
-                 "message": f"{f.name} is immutable: {meta['immutable']}"})
-        schema["description"] = doc
+        schema["description"] = meta["doc"]
         for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("enum", "enum"),
                           ("pattern", "pattern"), ("max_length", "maxLength"),
                           ("max_items", "maxItems")):

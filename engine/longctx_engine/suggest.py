@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .api import LongContextDeploymentSpec
-from .planner import GPU_PRODUCT_LABEL, CapacityPlan, NodeMemory, plan
+from .placement import required_labels
+from .host_memory import NodeMemory
+from .planner import CapacityPlan, plan
 from .rules import problems
 
 
@@ -74,8 +76,7 @@ def nodes_of(spec: LongContextDeploymentSpec, memory: Optional[int]) -> Optional
     """One node the placement selects with `memory` bytes allocatable (None: not checked)."""
     if memory is None:
         return None
-    labels = {GPU_PRODUCT_LABEL: spec.placement.gpuProduct, **spec.placement.nodeSelector}
-    return [NodeMemory("suggested-node", labels, memory)]
+    return [NodeMemory("suggested-node", required_labels(spec.placement), memory)]
 
 
 def suggest(spec: LongContextDeploymentSpec, gpus_per_node: int,

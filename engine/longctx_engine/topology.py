@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .api import LongContextDeploymentSpec
-from .planner import NodeMemory, placement_nodes
+from . import placement
+from .host_memory import NodeMemory
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,9 @@ def topology_plan(spec: LongContextDeploymentSpec,
     need = spec.scaling.prefillPerUnit + spec.scaling.decodePerUnit
     if nodes is None:
         return TopologyPlan(key, need, None)
-    selected = placement_nodes(spec, nodes)
+    selected = placement.selected(spec.placement, nodes)
     domains = dict(sorted(Counter(n.labels[key] for n in selected if key in n.labels).items()))
-    where = (f"nodes with nvidia.com/gpu.product={spec.placement.gpuProduct}"
-             + "".join(f", {k}={v}" for k, v in spec.placement.nodeSelector.items()))
+    where = f"nodes with {placement.describe(spec.placement)}"
     problem = None
     if not domains:
         problem = (f"spec.placement.topologyKey is {key}, but none of the {len(selected)} "

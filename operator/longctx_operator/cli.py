@@ -9,7 +9,6 @@ import socket
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -17,17 +16,8 @@ from longctx_engine import api
 from longctx_engine.rules import RecipeError
 from longctx_engine.schema import SpecError
 
-
-def read_manifest(path: str) -> dict[str, Any]:
-    """The one LongContextDeployment in a YAML file ("-" for standard input)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    docs = [d for d in yaml.safe_load_all(text) if d]
-    crs = [d for d in docs if d.get("kind") == api.KIND]
-    if len(crs) != 1:
-        raise SystemExit(f"error: {path} must hold exactly one {api.KIND}, found {len(crs)}")
-    cr = crs[0]
-    cr.setdefault("metadata", {}).setdefault("namespace", "default")
-    return cr
+from .bench import command as bench_command
+from .manifests import ManifestDumper, read_manifest
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -94,14 +84,6 @@ def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> i
         print("Smallest layout that fits (set these in spec):\n"
               + yaml.safe_dump(found.changes, sort_keys=False) + "\n" + render_table(found.plan))
     return 0 if found.plan.fits else 3
-
-
-class ManifestDumper(yaml.SafeDumper):
-    """Writes every repeated value out in full: manifests are read by people and diff tools,
-    which `&id001` / `*id001` aliases defeat."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -214,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only this role's launch document (what `longctx-engine run` "
                         "runs; try it with --dry-run)")
     p.set_defaults(func=cmd_render)
+
+    bench_command.add_parser(sub)
 
     p = sub.add_parser("crd", help="print (or --write) the generated CRD")
     p.add_argument("--write", nargs="*", help="files to write instead of printing")

@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
-from longctx_engine import api
+from longctx_engine import api, contract
 from longctx_engine.schema import object_schema
 
-CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
-CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"
+CRD_NAME = f"{contract.PLURAL}.{contract.GROUP}"
+CRD_FILE = f"{contract.GROUP}_{contract.PLURAL}.yaml"
 
 _CONDITION = {
     "type": "object",
@@ -144,13 +144,13 @@ def build_crd() -> dict[str, Any]:
                      "labels": {"app.kubernetes.io/name": "longctx",
                                 "app.kubernetes.io/part-of": "longctx"}},
         "spec": {
-            "group": api.GROUP,
+            "group": contract.GROUP,
             "scope": "Namespaced",
-            "names": {"kind": api.KIND, "plural": api.PLURAL, "singular": api.SINGULAR,
-                      "shortNames": list(api.SHORT_NAMES), "listKind": f"{api.KIND}List",
+            "names": {"kind": contract.KIND, "plural": contract.PLURAL, "singular": api.SINGULAR,
+                      "shortNames": list(api.SHORT_NAMES), "listKind": f"{contract.KIND}List",
                       "categories": ["longctx"]},
             "versions": [{
-                "name": api.VERSION,
+                "name": contract.VERSION,
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},

@@ -10,7 +10,8 @@ from longctx_engine.roles import ServingPlan
 from .builders.autoscaling import autoscaling_objects
 from .builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from .builders.network_policy import network_policy
-from .builders.router import picker_pod_monitor, router_objects
+from .builders.picker import picker_pod_monitor
+from .builders.router import router_objects
 from .builders.vllm_router import vllm_router_pod_monitor
 
 

@@ -21,7 +21,7 @@ import kopf
 
 from longctx_engine import contract
 
-from . import metrics, rollout
+from . import engine_load, metrics, rollout
 from .cache import RELIST_BACKOFF_CAP, Caches
 from .kube import Kube, KubeError
 from .reconcile import reconcile
@@ -213,6 +213,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     State.kopf_context = None   # a restarted operator loop has a new one
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
+    engine_load.metrics_networks()   # a bad value stops the start, naming it
     # The caches list and watch through a client of their own, which reads no cache; the
     # reconcile's client shares its connections and reads through the caches.
     lister = Kube.from_environment()

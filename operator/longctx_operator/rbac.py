@@ -12,7 +12,7 @@ import yaml
 
 from longctx_engine import contract
 
-from .builders.router import picker_rules
+from .builders.picker import picker_rules
 
 RULES_FILE = "charts/longctx/files/operator-rules.yaml"
 

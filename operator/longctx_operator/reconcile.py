@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from longctx_engine import api, contract
-from longctx_engine.planner import NodeMemory, plan as plan_capacity
+from longctx_engine import api, contract, placement
+from longctx_engine.host_memory import NodeMemory
+from longctx_engine.planner import plan as plan_capacity
 from longctx_engine.quantity import parse_bytes
 from longctx_engine.recipes import launch_document
 from longctx_engine.roles import ServingPlan, serving_plan
@@ -24,9 +25,9 @@ from longctx_engine.scaling import scale_status
 from longctx_engine.schema import SpecError
 from longctx_engine.topology import topology_plan
 
-from . import metrics, rollout
+from . import drain, metrics, rollout
 from .builders import vllm_router
-from .builders.router import picker_status
+from .builders.picker import picker_status
 from .desired import desired_objects
 from .engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from .kube import Kube, KubeError
@@ -135,12 +136,15 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     step: rollout.Step | None = None
     if refusal is None and plan is not None:
         policy = _policy(plan)
-        step = rollout.step(desired=plan.revision,
-                            serving=_serving_revision(kube, cr, plan.spec, previous),
+        serving = _serving_revision(kube, cr, plan.spec, previous)
+        idle = drain.look(cr, revisions, plan.revision, serving, _utcnow())
+        load = rollout.DrainLoad(idle, router_switched=bool(idle) and drain.router_selects(
+            kube, cr, plan.spec, plan.revision))
+        step = rollout.step(desired=plan.revision, serving=serving,
                             revisions=revisions, previous=previous.get("rollout") or {},
-                            policy=policy, now=_utcnow(),
+                            policy=policy, now=_utcnow(), load=load,
                             capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
-        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous)
+        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
         if step.wake_after is not None:
@@ -227,8 +231,6 @@ def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Re
                   ) -> Optional[str]:
     """How many GPUs the new revision still needs on the nodes its placement selects, and
     how many are free there (None when nodes or pods cannot be read)."""
-    placement = plan.spec.placement
-    wanted = {"nvidia.com/gpu.product": placement.gpuProduct, **placement.nodeSelector}
     nodes = kube.nodes(max_age=0)
     try:
         pods = kube.list("v1", "Pod", None) if nodes is not None else None
@@ -246,14 +248,13 @@ def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Re
             used[node] = used.get(node, 0) + (parse_bytes(gpus) if gpus else 0)
     free = sum(max(parse_bytes((n.get("status") or {}).get("allocatable", {}).get(
         "nvidia.com/gpu", "0")) - used.get(n["metadata"]["name"], 0), 0) for n in nodes
-        if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items()))
+        if placement.selects(plan.spec.placement, n["metadata"].get("labels") or {}))
     new = revisions.get(plan.revision)
     placed = {role: sum(1 for p in new.role_pods(role) if (p.get("spec") or {}).get("nodeName"))
               for role in contract.ROLES} if new else dict.fromkeys(contract.ROLES, 0)
     need = sum(max(r.replicas - placed[r.role], 0) * r.layout.gpusPerPod for r in plan.roles)
-    selector = ", ".join(f"{k}={v}" for k, v in wanted.items())
-    return (f"the new revision needs {need} more {placement.gpuProduct} GPUs on nodes "
-            f"matching {selector}; free: {free}")
+    return (f"the new revision needs {need} more {plan.spec.placement.gpuProduct} GPUs on "
+            f"nodes matching {placement.describe(plan.spec.placement)}; free: {free}")
 
 
 _ZERO_SINCE: dict[tuple[str, str], float] = {}
@@ -275,7 +276,8 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
 
 def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
                     policy: rollout.Policy, revisions: dict[str, rollout.Revision],
-                    outcome: Outcome, previous: dict[str, Any]) -> None:
+                    outcome: Outcome, previous: dict[str, Any], idle: dict[str, float]
+                    ) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
@@ -284,7 +286,11 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
         with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
-    _drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions, desired, outcome)
+    events, wake = drain.drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions,
+                                          desired, idle)
+    outcome.events += events
+    if wake is not None:
+        outcome.wake_within(wake)
     written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects
     waves: dict[int, list[dict[str, Any]]] = {}
     for obj in desired:
@@ -329,34 +335,6 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
                                    " is no longer part of the spec"))
     for kind in {o["kind"] for o in desired}:
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
-
-
-def _drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,
-                      revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
-                      outcome: Outcome) -> None:
-    """Pods a scale-down removes leave the pool first and go after the drain window: the
-    desired StatefulSets keep their live replicas until then (rollout.scale_down)."""
-    live = revisions.get(plan.revision)
-    if live is None:
-        return
-    now = _utcnow()
-    for obj in desired:
-        role = obj["metadata"]["labels"].get(contract.COMPONENT_LABEL)
-        if obj["kind"] != "StatefulSet" or role not in contract.ROLES:
-            continue
-        down = rollout.scale_down(obj["spec"]["replicas"], live.statefulsets.get(role),
-                                  live.role_pods(role), drain, now)
-        obj["spec"]["replicas"] = down.replicas
-        for pods, leave in ((down.leave_pool, True), (down.rejoin_pool, False)):
-            for pod in pods:
-                kube.patch_metadata("v1", "Pod", cr["metadata"]["namespace"], pod,
-                                    rollout.draining_marks(now, leave))
-                outcome.events.append(
-                    ("Normal", "ScaleDownDraining", f"pod {pod} leaves the pool and is removed "
-                     f"after {drain:.0f} s of drain") if leave else
-                    ("Normal", "ScaleDownCancelled", f"pod {pod} rejoins the pool"))
-        if down.wake_after is not None:
-            outcome.wake_within(down.wake_after)
 
 
 def _observe(kube: Kube, name: str, namespace: str,

@@ -10,8 +10,12 @@ needs is re-read each time, so an operator killed at any point resumes where it 
       ▲         (Surge)                       │  │                                │
       │                                       │  └─no GPUs──▶ Blocked            │
       │                                       └─crash/timeout──▶ Failed           │
-      └──────────────────── drain window over: old revision deleted ◀─────────────┘
+      └──── drain window over, or the old pods idle: old revision deleted ◀───────┘
     Recreate: Steady ─▶ Recreating (old revision deleted, then the new one created) ─▶ Steady
+
+A drain ends before its window when the router sends the draining pods nothing new and
+each has held no request at two looks IDLE_CONFIRM_SECONDS apart (DrainLoad, read from the
+engines by engine_load.py and passed in as data).
 
 Reverting the spec to the serving revision deletes the pending one and touches nothing
 that serves; a third edit supersedes the pending revision.
@@ -21,12 +25,15 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from longctx_engine import contract
 
 from .pods import crash_message, unschedulable_message
 
+# A pod is drained once idle at two looks this far apart: longer than a request's hop
+# from its prefill leg to its decode leg, when both engines report nothing running.
+IDLE_CONFIRM_SECONDS = 5.0
 PHASES = ("Steady", "Progressing", "Blocked", "Failed", "Draining", "Recreating")
 STEADY, PROGRESSING, BLOCKED, FAILED, DRAINING, RECREATING = PHASES
 
@@ -97,6 +104,19 @@ class Step:
 
 
 @dataclass(frozen=True)
+class DrainLoad:
+    """What the draining pods hold, as looked at in this reconcile (engine_load.py)."""
+
+    idle_seconds: Mapping[str, float] = field(default_factory=dict)  # by pod; busy: absent
+    router_switched: bool = False      # the router sends the draining pods nothing new
+
+    def drained(self, pods: list[dict[str, Any]]) -> bool:
+        return self.router_switched and all(
+            self.idle_seconds.get(p["metadata"]["name"], -1.0) >= IDLE_CONFIRM_SECONDS
+            for p in pods)
+
+
+@dataclass(frozen=True)
 class Policy:
     """The spec's rollout settings, resolved."""
 
@@ -109,14 +129,15 @@ class Policy:
 
 def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision],
          previous: dict[str, Any], policy: Policy, now: datetime.datetime,
-         capacity_shortage: Callable[[], Optional[str]]) -> Step:
-    """The rollout step (see the module docstring)."""
+         capacity_shortage: Callable[[], Optional[str]], load: DrainLoad = DrainLoad()
+         ) -> Step:
+    """The rollout step (see the module docstring); `load`: the draining pods' requests."""
     previous = previous or {}
     if serving is None or serving not in revisions:
         # Nothing serves (a new CR, or its serving revision is gone): the desired one does.
         serving = desired
     if serving == desired:
-        return _settle(desired, revisions, previous, policy, now)
+        return _settle(desired, revisions, previous, policy, now, load)
     if policy.strategy == "Recreate":
         return _recreate(desired, serving, revisions, previous, policy, now)
     return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage)
@@ -146,7 +167,7 @@ def _counts(revisions: dict[str, Revision], *names: str) -> dict[str, dict[str, 
 
 
 def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, Any],
-            policy: Policy, now: datetime.datetime) -> Step:
+            policy: Policy, now: datetime.datetime, load: DrainLoad) -> Step:
     """The desired revision serves: drain and remove the others."""
     others = [r for r in revisions if r != desired]
     rolled = previous.get("to") == desired and previous.get("from") not in (None, desired)
@@ -173,17 +194,25 @@ def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, An
         if started is None:
             started = now
             status["switchTime"] = _now_text(now, ceil=True)
-        if (now - started).total_seconds() >= policy.drain_seconds:
+        elapsed = (now - started).total_seconds()
+        idle = load.drained([p for r in draining for p in revisions[r].pods])
+        if elapsed >= policy.drain_seconds or idle:
             result.delete += draining
+            how = (f"its pods held no request for {IDLE_CONFIRM_SECONDS:.0f} s, "
+                   f"{max(elapsed, 0):.0f} s into the {policy.drain_seconds:.0f} s window"
+                   if idle and elapsed < policy.drain_seconds
+                   else f"for {policy.drain_seconds:.0f} s")
             result.events.append(("Normal", "RolloutDrained",
-                                  f"revision {', '.join(draining)} drained for "
-                                  f"{policy.drain_seconds:.0f} s and removed; {desired} serves"))
+                                  f"revision {', '.join(draining)} drained {how} and removed; "
+                                  f"{desired} serves"))
             _with_phase(status, previous, STEADY, now)
         else:
             _with_phase(status, previous, DRAINING, now)
             until = started + datetime.timedelta(seconds=policy.drain_seconds)
             status["drainUntil"] = _now_text(until)
-            result.wake_after = max((until - now).total_seconds(), 0) + 1
+            # Looked at again soon: the pods may fall idle long before the window ends.
+            result.wake_after = min(max((until - now).total_seconds(), 0) + 1,
+                                    IDLE_CONFIRM_SECONDS)
     elif previous.get("phase") == RECREATING and not _ready(revisions.get(desired), policy):
         # Recreate's downtime lasts until the new revision serves.
         _with_phase(status, previous, RECREATING, now)
@@ -234,7 +263,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
         result.events.append(("Normal", "RolloutSwitched",
                               f"the router now sends every request to revision {desired}; "
                               f"{serving} drains for {policy.drain_seconds:.0f} s"))
-        result.wake_after = policy.drain_seconds + 1
+        result.wake_after = min(policy.drain_seconds + 1, IDLE_CONFIRM_SECONDS)
         return result
     pods = new.pods if new is not None else []
     crash = crash_message(pods)
@@ -277,41 +306,56 @@ class ScaleDown:
     leave_pool: list[str] = field(default_factory=list)   # pods to take out of the pool
     rejoin_pool: list[str] = field(default_factory=list)  # pods kept after all
     wake_after: Optional[float] = None
+    drained_early: list[str] = field(default_factory=list)  # removed before the window
 
 
 def _ordinal(pod: dict[str, Any]) -> int:
     return int(pod["metadata"]["name"].rsplit("-", 1)[1])
 
 
+def leaving(desired: int, live: Optional[dict[str, Any]], pods: list[dict[str, Any]]
+            ) -> list[dict[str, Any]]:
+    """The pods a scale-down to `desired` removes (none when it is no scale-down)."""
+    current = ((live or {}).get("spec") or {}).get("replicas", desired)
+    if current <= desired:
+        return []
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and _ordinal(p) >= desired]
+
+
 def scale_down(desired: int, live: Optional[dict[str, Any]], pods: list[dict[str, Any]],
-               drain_seconds: float, now: datetime.datetime) -> ScaleDown:
+               drain_seconds: float, now: datetime.datetime, load: DrainLoad = DrainLoad()
+               ) -> ScaleDown:
     """A StatefulSet removes its highest ordinals. Those pods first leave the pool (their
-    serving label is turned off, so the picker sends them nothing new) and the StatefulSet
-    keeps them until they have drained for `drain_seconds`; then it gets `desired`. A pod
-    marked to leave that the spec keeps again rejoins at once; scale-up never waits."""
+    serving label is turned off, so the router sends them nothing new) and the StatefulSet
+    keeps them until they have drained for `drain_seconds`, or until `load` shows them
+    idle; then it gets `desired`. A pod marked to leave that the spec keeps again rejoins
+    at once; scale-up never waits."""
     current = ((live or {}).get("spec") or {}).get("replicas", desired)
     serving = {p["metadata"]["name"]: p for p in pods
                if not p["metadata"].get("deletionTimestamp")}
-    leaving = [p for p in serving.values() if _ordinal(p) >= desired]
+    removed = leaving(desired, live, pods)
     marked = {name for name, p in serving.items()
               if (p["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)}
     result = ScaleDown(replicas=max(desired, 0))
     result.rejoin_pool = sorted(n for n in marked if _ordinal(serving[n]) < desired)
-    if current <= desired or not leaving:
+    if not removed:
         return result
-    result.leave_pool = sorted(p["metadata"]["name"] for p in leaving
+    result.leave_pool = sorted(p["metadata"]["name"] for p in removed
                                if p["metadata"]["name"] not in marked)
     since = [_parse(serving[n]["metadata"]["annotations"][DRAINING_ANNOTATION])
              for n in marked if _ordinal(serving[n]) >= desired]
     if result.leave_pool or not since:
         result.replicas = current
-        result.wake_after = drain_seconds + 1
+        result.wake_after = min(drain_seconds + 1, IDLE_CONFIRM_SECONDS)
         return result
     latest = max(s for s in since if s)
     remaining = max(drain_seconds - (now - latest).total_seconds(), 0)
-    if remaining > 0:
+    if remaining > 0 and load.drained(removed):
+        result.drained_early = sorted(p["metadata"]["name"] for p in removed)
+    elif remaining > 0:
         result.replicas = current
-        result.wake_after = remaining + 1
+        result.wake_after = min(remaining + 1, IDLE_CONFIRM_SECONDS)
     return result
 
 

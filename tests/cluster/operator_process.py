@@ -26,6 +26,8 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in
                                              ("engine", "operator", "kernels", ".")),
+               # Only the loopback pods' engines run; kwok's pod IPs are not local.
+               "LONGCTX_ENGINE_METRICS_NETWORKS": "127.0.0.0/8",
                **self.env}
         env.pop("LONGCTX_METRICS_PORT", None)
         env.pop("KUBERNETES_SERVICE_HOST", None)   # inside a pod: not its in-cluster config

@@ -147,14 +147,16 @@ class Endpoints:
 class RealEngines:
     """Loopback nodes and their kubelet on a running control plane, and CRs applied there."""
 
-    def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1):
+    def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1, octet: int = 100):
+        """`octet`: the first node's pod CIDR is 127.0.<octet>.0/24 (the next node's the
+        next), so that modules that may run at once on one machine never share a pod IP."""
         self.cp = cp
         self.env = engine_env()
         self.models = tiny_models(self.env)
         self.node_names = [f"loop-{i}" for i in range(nodes)]
         for i, name in enumerate(self.node_names):
             if not self._exists("node", name):
-                cp.add_loopback_node(name, pod_cidr_octet=100 + i,
+                cp.add_loopback_node(name, pod_cidr_octet=octet + i,
                                      capacity={"cpu": "16", "memory": "64Gi", "pods": "32"})
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
                                 image_map={ENGINE_IMAGE: self.env, ROUTER_IMAGE: self.env},

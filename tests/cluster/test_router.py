@@ -12,20 +12,16 @@ Network rule: only 127.0.0.1 is ever contacted; pod and Service IPs are fake.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
-from tests.cluster.controlplane import free_port
-from tests.conftest import REPO, example_cr, sts_name, wait_for
+from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
+from tests.conftest import example_cr, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -148,26 +144,6 @@ def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, name
 # ---------------------------------------------------------------- the picker's credentials
 
 
-def _picker_kubeconfig(cluster, namespace: str, tmp_path: Path) -> Path:
-    """A kubeconfig holding a TokenRequest token of the picker's ServiceAccount."""
-    token = cluster.kubectl("create", "token", "glm-epp", "-n", namespace,
-                            "--duration=10m").stdout.strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    clus = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
-    assert clus["cluster"]["server"].startswith("https://127.0.0.1:")
-    config = {"apiVersion": "v1", "kind": "Config",
-              "clusters": [{"name": "longctx", "cluster": clus["cluster"]}],
-              "users": [{"name": "glm-epp", "user": {"token": token}}],
-              "contexts": [{"name": "epp", "context": {"cluster": "longctx", "user": "glm-epp",
-                                                       "namespace": namespace}}],
-              "current-context": "epp"}
-    path = tmp_path / "epp.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 def _as_picker(cluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(Path(cluster.bin_dir) / "kubectl"), "--kubeconfig",
                            str(kubeconfig), *args], capture_output=True, text=True, timeout=60)
@@ -176,7 +152,7 @@ def _as_picker(cluster, kubeconfig: Path, *args: str) -> subprocess.CompletedPro
 def test_picker_credentials_do_what_the_picker_needs_and_no_more(cluster, operator, namespace,
                                                                 tmp_path):
     _apply_and_wait(cluster, namespace, example_cr("glm"))
-    kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
+    kubeconfig = picker_kubeconfig(cluster, namespace, "glm-epp", tmp_path)
 
     # What the picker does at start (pkg/epp/server/controller_manager.go): the pool by name,
     # pods of the pool in its namespace (list + watch), objectives and rewrites.
@@ -225,75 +201,12 @@ def test_picker_credentials_do_what_the_picker_needs_and_no_more(cluster, operat
 # ---------------------------------------------------------------- the real picker
 
 
-def _upstream_picker() -> Path:
-    """The upstream GIE endpoint picker binary (built, or reused, by tools/build-epp.sh)."""
-    proc = subprocess.run(["bash", str(REPO / "tools" / "build-epp.sh"), "--upstream"],
-                          capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        pytest.fail(f"the upstream EPP could not be built (tools/build-epp.sh --upstream, which "
-                    f"`make test` runs first): {proc.stderr.strip()[-2000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-# grpc.health.v1 HealthCheckRequest{service} and HealthCheckResponse{status: SERVING}, encoded
-# by hand (protobuf wire format) so the test needs only grpcio.
-SERVING = b"\x08\x01"
-
-
-def _health_request(service: str) -> bytes:
-    data = service.encode()
-    return b"\x0a" + bytes([len(data)]) + data
-
-
-@contextlib.contextmanager
-def _picker_process(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
-                    tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, int]]:
-    """A picker binary as a subprocess with loopback ports and the given credentials; yields
-    (process, log path, gRPC health port). Only this process is ever signalled (its own
-    session)."""
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    log_path = tmp_path / f"{binary.parent.name}.log"
-    env = {"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace, "POD_NAME": "epp-test",
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [str(binary), "--pool-name=glm", f"--pool-namespace={namespace}",
-             "--pool-group=inference.networking.k8s.io", f"--grpc-port={grpc_port}",
-             f"--grpc-health-port={health_port}", f"--metrics-port={metrics_port}",
-             "--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            yield proc, log_path, health_port
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-
-
 def _run_picker_until_serving(binary: Path, args: list[str], kubeconfig: Path, namespace: str,
                               tmp_path: Path, timeout: float = 90) -> str:
     """Runs a picker until its gRPC health on 127.0.0.1 says SERVING; returns its log."""
-    import grpc
-
-    with _picker_process(binary, args, kubeconfig, namespace, tmp_path) as (proc, log_path,
-                                                                           health_port):
-        def serving():
-            if proc.poll() is not None:
-                raise AssertionError(f"{binary} exited with {proc.returncode}: "
-                                     f"{log_path.read_text()[-4000:]}")
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
-                    check = channel.unary_unary("/grpc.health.v1.Health/Check")
-                    return check(_health_request("inference-extension"), timeout=2) == SERVING
-            except grpc.RpcError:
-                return False
-
-        wait_for(serving, timeout, f"{binary.name} gRPC health SERVING on 127.0.0.1", interval=1)
-    return log_path.read_text()
+    with picker_process(binary, args, kubeconfig, namespace, "glm", tmp_path) as picker:
+        picker.wait_serving(timeout)
+    return picker.log_path.read_text()
 
 
 def _no_engine_pods_cr() -> dict:
@@ -307,9 +220,9 @@ def test_upstream_picker_syncs_the_pool_with_the_generated_credentials(cluster, 
     llm-d picker derives from) with the generated InferencePool and the picker's Role only:
     it reports SERVING once it has read the pool, so the Role lets a real picker start. It
     cannot load the llm-d config (other apiVersion and plugins), so it runs its defaults."""
-    binary = _upstream_picker()
+    binary = upstream_picker()
     _apply_and_wait(cluster, namespace, _no_engine_pods_cr())
-    kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
+    kubeconfig = picker_kubeconfig(cluster, namespace, "glm-epp", tmp_path)
     log = _run_picker_until_serving(binary, [], kubeconfig, namespace, tmp_path)
     assert "forbidden" not in log.lower(), log[-4000:]
     assert "Reconciling InferencePool" in log, log[-4000:]  # it read our pool
@@ -346,7 +259,7 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     from longctx_engine.roles import serving_plan
     from longctx_operator.builders import router
 
-    binary = _upstream_picker()
+    binary = upstream_picker()
     cr = _no_engine_pods_cr()
     _apply_and_wait(cluster, namespace, cr)
     spec = api.load_spec(cr["spec"])
@@ -374,11 +287,12 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
                       "conditions": [{"type": "Ready", "status": "True"}]}
             cluster.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status",
                             "--type=merge", "-p", json.dumps({"status": status}))
-        kubeconfig = _picker_kubeconfig(cluster, namespace, tmp_path)
+        kubeconfig = picker_kubeconfig(cluster, namespace, "glm-epp", tmp_path)
 
         # Run until the datastore dump shows the three pods, then stop the picker.
-        with _picker_process(binary, ["--v=5"], kubeconfig, namespace, tmp_path) as (
-                _, binary_log, _):
+        with picker_process(binary, ["--v=5"], kubeconfig, namespace, "glm", tmp_path) as picker:
+            binary_log = picker.log_path
+
             def dumped():
                 if not binary_log.exists():
                     return None

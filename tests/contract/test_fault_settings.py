@@ -9,7 +9,9 @@ import pytest
 
 from longctx_engine import faults
 from longctx_engine.hardware import H200
-from longctx_engine.performance import model_shape, prefill, summary_at_max_context
+from longctx_engine.cost_terms import model_shape
+from longctx_engine.performance import summary_at_max_context
+from longctx_engine.phase_timing import prefill
 from longctx_engine.planner import role_layouts
 
 from .test_vllm_contract import parse

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from longctx_engine import api, memory, models, planner, quantity, schema
+from longctx_engine import api_roles, kv_sizing, memory, models, planner, quantity, schema
 from longctx_engine.identity import PodIdentity
 from longctx_engine.roles import serving_plan
 from longctx_engine.recipes import pod_command
@@ -19,15 +19,15 @@ GLM = models.PRESETS["glm-5.3"]
 
 
 def test_auto_is_the_crd_default():
-    assert api.HiSparse().hostPoolPerRank == quantity.AUTO
-    assert api.HiSparse().requestsPerRank == 1
-    field = schema.object_schema(api.HiSparse)["properties"]["hostPoolPerRank"]
+    assert api_roles.HiSparse().hostPoolPerRank == quantity.AUTO
+    assert api_roles.HiSparse().requestsPerRank == 1
+    field = schema.object_schema(api_roles.HiSparse)["properties"]["hostPoolPerRank"]
     assert field["default"] == "auto"
 
 
 def test_only_the_pool_admits_auto_in_the_crd():
-    pool = schema.object_schema(api.HiSparse)["properties"]["hostPoolPerRank"]["pattern"]
-    offload = schema.object_schema(api.Decode)["properties"]["cpuOffloadPerRank"]["pattern"]
+    pool = schema.object_schema(api_roles.HiSparse)["properties"]["hostPoolPerRank"]["pattern"]
+    offload = schema.object_schema(api_roles.Decode)["properties"]["cpuOffloadPerRank"]["pattern"]
     for value, ok in (("auto", True), ("51Gi", True), ("1.5Ti", True), ("autoGi", False),
                       ("Auto", False), ("48 Gi", False)):
         assert bool(re.match(pool, value)) is ok, value
@@ -42,8 +42,8 @@ def test_auto_holds_exactly_the_declared_requests_and_no_less_pool_would(request
     page = memory.hisparse_page_bytes(GLM)
     # vLLM's rule for one request: cdiv(max_model_len, 64) + 2 pages.
     assert pool == (requests * -(-ONE_M // 64) + 2) * page
-    assert planner.hisparse_host_requests(GLM, pool, ONE_M) == requests
-    assert planner.hisparse_host_requests(GLM, pool - page, ONE_M) == requests - 1
+    assert kv_sizing.hisparse_host_requests(GLM, pool, ONE_M) == requests
+    assert kv_sizing.hisparse_host_requests(GLM, pool - page, ONE_M) == requests - 1
     plan = planner.plan(spec)
     assert plan.decode.hisparse["hostPoolGiBPerRank"] == round(pool / quantity.GiB, 2)
     assert plan.decode.hisparse["hostPoolRequestsPerRank"] == requests

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_engine import api, models
+from longctx_engine import api, api_model, models
 from longctx_engine.quantity import GiB, parse_bytes
 
 
@@ -14,7 +14,7 @@ from longctx_engine.quantity import GiB, parse_bytes
 ])
 def test_presets_are_architectures(name, layers, mtp, heads, index_layers, index_heads):
     arch = models.PRESETS[name]
-    assert isinstance(arch, api.Architecture)
+    assert isinstance(arch, api_model.Architecture)
     assert (arch.layers, arch.mtpLayers, arch.attentionHeads) == (layers, mtp, heads)
     assert (arch.kvLoraRank, arch.qkRopeHeadDim) == (512, 64)
     assert (arch.indexLayers, arch.indexHeads, arch.indexHeadDim, arch.indexTopK) == \
@@ -22,7 +22,7 @@ def test_presets_are_architectures(name, layers, mtp, heads, index_layers, index
 
 
 def test_every_preset_name_of_the_api_resolves():
-    assert set(models.PRESETS) == set(api.PRESET_NAMES)
+    assert set(models.PRESETS) == set(api_model.PRESET_NAMES)
 
 
 @pytest.mark.parametrize("dtype, row", [("fp8", 656), ("fp8_ds_mla", 656), ("auto", 1152)])
@@ -30,13 +30,13 @@ def test_mla_row_is_derived_from_the_architecture(dtype, row):
     arch = models.PRESETS["glm-5.3"]
     assert models.mla_row_bytes(arch, dtype) == row
     # A different latent changes the row: 256 fp8 + 2 scales x 4 + 64 x 2.
-    other = api.Architecture(layers=1, attentionHeads=8, kvLoraRank=256, qkRopeHeadDim=64)
+    other = api_model.Architecture(layers=1, attentionHeads=8, kvLoraRank=256, qkRopeHeadDim=64)
     assert models.mla_row_bytes(other, "fp8") == 256 + 8 + 128
 
 
 def test_indexer_row_is_derived_from_the_architecture():
     assert models.indexer_row_bytes(models.PRESETS["glm-5.3"]) == 132
-    dense = api.Architecture(layers=1, attentionHeads=8, kvLoraRank=512, qkRopeHeadDim=64)
+    dense = api_model.Architecture(layers=1, attentionHeads=8, kvLoraRank=512, qkRopeHeadDim=64)
     assert models.indexer_row_bytes(dense) == 0
 
 
@@ -71,7 +71,7 @@ def test_resolve_architecture_preset_and_explicit():
 
 
 def test_resolve_architecture_unknown_preset_names_the_field():
-    model = api.Model(name="m", preset="nope", source=api.ModelSource(pvc=api.PVCSource(claimName="c")))
+    model = api_model.Model(name="m", preset="nope", source=api_model.ModelSource(pvc=api_model.PVCSource(claimName="c")))
     with pytest.raises(ValueError, match="spec.model.preset"):
         models.resolve_architecture(model)
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from longctx_engine import api, hardware, models, performance, planner
+from longctx_engine import (api, cost_terms, hardware, kv_sizing, models, performance,
+                            phase_timing, planner)
 from longctx_engine.hardware import H200
 from longctx_engine.plan_report import render_performance_line
 
@@ -24,7 +25,7 @@ def spec():
 
 @pytest.fixture(scope="module")
 def shape(spec):
-    return performance.model_shape(spec)
+    return cost_terms.model_shape(spec)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,10 @@ def test_shape_is_glm_5_3_with_40b_active_parameters(shape):
 
 
 def _dcp_overhead(shape, layout, context, chunk=2048):
-    with_dcp = performance.prefill_chunk(shape, layout, H200, chunk, context)
-    without = performance.prefill_chunk(shape, performance.without_dcp(layout), H200, chunk,
+    with_dcp = phase_timing.prefill_chunk(shape, layout, H200, chunk, context)
+    without = phase_timing.prefill_chunk(shape, phase_timing.without_dcp(layout), H200, chunk,
                                         context)
-    return performance.dcp_overhead(with_dcp, without)
+    return phase_timing.dcp_overhead(with_dcp, without)
 
 
 def test_pcp_dcp_prefill_gathers_the_whole_sequence_as_bf16_every_layer(shape, layouts):
@@ -51,12 +52,12 @@ def test_pcp_dcp_prefill_gathers_the_whole_sequence_as_bf16_every_layer(shape, l
     all-gathers the 1152-B rows (and the 132-B indexer keys) into a full copy, every layer."""
     prefill, _ = layouts
     context, chunk = 64 * K, 2048
-    step = performance.prefill_chunk(shape, prefill, H200, chunk, context)
+    step = phase_timing.prefill_chunk(shape, prefill, H200, chunk, context)
     moved = 7 / 8 * (context + chunk) * (1152 * 79 + 132 * 22)
     collectives = 79 + 2 * 22
     assert step.terms["dcpAllGather"] == pytest.approx(
         moved / H200.nvlinkBytesPerS + collectives * H200.collectiveLatencyS)
-    without = performance.prefill_chunk(shape, performance.without_dcp(prefill), H200, chunk,
+    without = phase_timing.prefill_chunk(shape, phase_timing.without_dcp(prefill), H200, chunk,
                                         context)
     # Without DCP every GPU upconverts the whole sequence itself: 8x the rows.
     assert without.terms["kvUpconvert"] == pytest.approx(8 * step.terms["kvUpconvert"])
@@ -82,10 +83,10 @@ def test_the_seeds_dcp8_overhead_at_64k_needs_a_step_beyond_the_model(shape, lay
     longer than the model's (what docs/performance.md says is not modelled)."""
     prefill, _ = layouts
     peak = dataclasses.replace(H200, nvlinkBytesPerS=450e9)
-    with_dcp = performance.prefill_chunk(shape, prefill, peak, 2048, 64 * K)
-    without = performance.prefill_chunk(shape, performance.without_dcp(prefill), peak, 2048,
+    with_dcp = phase_timing.prefill_chunk(shape, prefill, peak, 2048, 64 * K)
+    without = phase_timing.prefill_chunk(shape, phase_timing.without_dcp(prefill), peak, 2048,
                                         64 * K)
-    assert performance.dcp_overhead(with_dcp, without) > 1.4 * 0.06
+    assert phase_timing.dcp_overhead(with_dcp, without) > 1.4 * 0.06
 
 
 def test_read_as_2k_a_gpu_the_dcp8_overhead_is_within_40_percent_of_the_seed(shape, layouts):
@@ -98,7 +99,7 @@ def test_read_as_2k_a_gpu_the_dcp8_overhead_is_within_40_percent_of_the_seed(sha
 
 def test_gemm_efficiency_follows_the_rows_a_gpu_computes():
     """Measured at 256 rows ("gemmFewRows") and from 1024 up ("gemm"); between, on log(rows)."""
-    eff = performance._gemm_eff
+    eff = cost_terms.gemm_efficiency
     assert eff(H200, 64) == eff(H200, 256) == H200.eff("gemmFewRows")
     assert eff(H200, 1024) == eff(H200, 8192) == H200.eff("gemm")
     assert eff(H200, 512) == pytest.approx((H200.eff("gemmFewRows") + H200.eff("gemm")) / 2)
@@ -108,7 +109,7 @@ def test_prefill_top_k_scans_the_logits_then_selects_in_fixed_time(shape, layout
     """The measured radix top-k: a fixed selection per call and a scan of the fp32 logits at
     the copy bandwidth, one call per indexer layer and chunk."""
     prefill, _ = layouts
-    short, long = (performance.prefill_chunk(shape, prefill, H200, 2048, c * K).terms
+    short, long = (phase_timing.prefill_chunk(shape, prefill, H200, 2048, c * K).terms
                    ["indexerTopK"] for c in (64, 248))
     fixed = shape.index_layers * H200.topkSelectS
     scanned = 4 * 256 * 184 * K * shape.index_layers   # 184K more keys for each of 256 queries
@@ -118,17 +119,17 @@ def test_prefill_top_k_scans_the_logits_then_selects_in_fixed_time(shape, layout
 
 def test_a_prefill_step_pays_eager_launches_and_a_decode_step_graphed_ones(spec, shape, layouts):
     prefill, decode = layouts
-    pcp_dcp = performance.prefill_chunk(shape, prefill, H200, 2048, 64 * K).terms["launches"]
-    pcp = performance.prefill_chunk(shape, performance.without_dcp(prefill), H200, 2048,
+    pcp_dcp = phase_timing.prefill_chunk(shape, prefill, H200, 2048, 64 * K).terms["launches"]
+    pcp = phase_timing.prefill_chunk(shape, phase_timing.without_dcp(prefill), H200, 2048,
                                     64 * K).terms["launches"]
-    assert pcp == pytest.approx(performance.KERNELS_PER_LAYER * shape.layers * H200.eagerKernelS)
+    assert pcp == pytest.approx(cost_terms.KERNELS_PER_LAYER * shape.layers * H200.eagerKernelS)
     assert pcp_dcp - pcp == pytest.approx(H200.eagerKernelS * (
-        performance.DCP_GATHER_KERNELS_PER_LAYER * shape.layers
-        + performance.DCP_GATHER_KERNELS_PER_INDEX_LAYER * shape.index_layers))
-    step = performance.decode_step(spec, shape, decode, H200, 64 * K, 8)
+        cost_terms.DCP_GATHER_KERNELS_PER_LAYER * shape.layers
+        + cost_terms.DCP_GATHER_KERNELS_PER_INDEX_LAYER * shape.index_layers))
+    step = phase_timing.decode_step(spec, shape, decode, H200, 64 * K, 8)
     assert step.costs.terms["launches"] > 0
     graphed = dataclasses.replace(H200, kernelLaunchS=2 * H200.kernelLaunchS)
-    assert performance.decode_step(spec, shape, decode, graphed, 64 * K, 8).costs.terms[
+    assert phase_timing.decode_step(spec, shape, decode, graphed, 64 * K, 8).costs.terms[
         "launches"] == pytest.approx(2 * step.costs.terms["launches"])
 
 
@@ -138,8 +139,8 @@ def test_dcp_decode_moves_queries_and_partial_outputs_not_the_kv(spec, shape):
     grow with the context."""
     layout = dataclasses.replace(planner.role_layouts(spec)[1], tensorParallel=8,
                                  decodeContextParallel=8, dataParallel=1)
-    short = performance.decode_step(spec, shape, layout, H200, 64 * K, 8)
-    long = performance.decode_step(spec, shape, layout, H200, ONE_M, 8)
+    short = phase_timing.decode_step(spec, shape, layout, H200, 64 * K, 8)
+    long = phase_timing.decode_step(spec, shape, layout, H200, ONE_M, 8)
     assert short.costs.terms["dcpCombine"] == long.costs.terms["dcpCombine"] > 0
     assert "dcpAllGather" not in long.costs.terms
 
@@ -174,10 +175,10 @@ def test_dp8_prefill_and_offload_only_decode_are_refused_at_1m(spec):
 
 def test_ttft_grows_faster_than_linearly_beyond_the_indexer_crossover(shape, layouts):
     prefill, _ = layouts
-    crossover = planner.indexer_crossover_tokens(models.PRESETS["glm-5.3"], 64)
-    previous = performance.prefill(shape, prefill, H200, crossover)
+    crossover = kv_sizing.indexer_crossover_tokens(models.PRESETS["glm-5.3"], 64)
+    previous = phase_timing.prefill(shape, prefill, H200, crossover)
     for tokens in (2 * crossover, 4 * crossover):
-        now = performance.prefill(shape, prefill, H200, tokens)
+        now = phase_timing.prefill(shape, prefill, H200, tokens)
         assert now.seconds > 2.2 * previous.seconds
         assert now.terms["indexer"] > 3.5 * previous.terms["indexer"]
         previous = now
@@ -187,7 +188,7 @@ def test_the_model_counts_the_indexer_crossover_the_planner_reports(shape, layou
     """From the model's own FLOPs: a from-scratch prefill's indexer work equals sparse MLA's
     at the planner's crossover (~256K under PCP8)."""
     prefill, _ = layouts
-    crossover = planner.indexer_crossover_tokens(models.PRESETS["glm-5.3"], 64)
+    crossover = kv_sizing.indexer_crossover_tokens(models.PRESETS["glm-5.3"], 64)
     mla = shape.mla_flops_per_key * shape.heads * crossover * shape.top_k * (shape.layers - 1)
     indexer = shape.index_flops_per_key * crossover ** 2 / 2 * (shape.index_layers - 1)
     assert indexer == pytest.approx(mla, rel=0.01)
@@ -195,8 +196,8 @@ def test_the_model_counts_the_indexer_crossover_the_planner_reports(shape, layou
 
 def test_decode_step_grows_with_context_only_through_the_indexer(spec, shape, layouts):
     _, decode = layouts
-    short = performance.decode_step(spec, shape, decode, H200, 64 * K, 64)
-    long = performance.decode_step(spec, shape, decode, H200, ONE_M, 64)
+    short = phase_timing.decode_step(spec, shape, decode, H200, 64 * K, 64)
+    long = phase_timing.decode_step(spec, shape, decode, H200, ONE_M, 64)
     grew = {t for t in long.costs.terms
             if long.costs.terms[t] > short.costs.terms[t] * (1 + 1e-9)}
     assert grew == {"indexer"}

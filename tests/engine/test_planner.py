@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from longctx_engine import api, models, planner
+from longctx_engine import api, api_model, host_memory, kv_sizing, models, placement, planner
 from longctx_engine.api import load_spec
 from longctx_engine.layout import Layout
 from longctx_engine.quantity import GiB
@@ -43,15 +43,15 @@ DP8_PREFILL = {"contextParallel": {"prefill": 1, "decode": 1}, "dataParallel": 8
 
 
 def test_bytes_per_token_is_54728():
-    bpt = planner.kv_bytes_per_token(GLM, "fp8")
+    bpt = kv_sizing.kv_bytes_per_token(GLM, "fp8")
     assert (bpt.mla, bpt.indexer, bpt.mtp) == (78 * 656, 21 * 132, 656 + 132)
     assert bpt.total == 54_728
 
 
 # 53.4 GiB is the seed's one-decimal rounding of 53.445 GiB, so the tolerance is 0.06 GiB.
 def test_one_million_token_request_is_53_4_gib():
-    bpt = planner.kv_bytes_per_token(GLM)
-    assert planner.request_kv_bytes(bpt, ONE_M) / GiB == pytest.approx(53.4, abs=0.06)
+    bpt = kv_sizing.kv_bytes_per_token(GLM)
+    assert kv_sizing.request_kv_bytes(bpt, ONE_M) / GiB == pytest.approx(53.4, abs=0.06)
 
 
 @pytest.mark.parametrize("pcp, dcp, dp, expected_gib", [
@@ -60,10 +60,10 @@ def test_one_million_token_request_is_53_4_gib():
     (1, 1, 8, 53.4),    # DP8: a whole request on one GPU
 ])
 def test_kv_per_gpu_under_context_parallelism(pcp, dcp, dp, expected_gib):
-    bpt = planner.kv_bytes_per_token(GLM)
+    bpt = kv_sizing.kv_bytes_per_token(GLM)
     layout = Layout(prefillContextParallel=pcp, decodeContextParallel=dcp,
                                 dataParallel=dp)
-    assert planner.kv_bytes_per_gpu(bpt, ONE_M, layout) / GiB == \
+    assert kv_sizing.kv_bytes_per_gpu(bpt, ONE_M, layout) / GiB == \
         pytest.approx(expected_gib, abs=0.05)
 
 
@@ -74,14 +74,14 @@ def test_kv_per_gpu_under_context_parallelism(pcp, dcp, dp, expected_gib):
     (Layout(tensorParallel=8, decodeContextParallel=8), 64, 191),  # DCP Q gather
 ])
 def test_sparse_mla_flops_per_byte(layout, heads, flops_per_byte):
-    assert planner.heads_per_gpu(GLM, layout) == heads
-    assert planner.sparse_mla_flops_per_byte(GLM, heads) == pytest.approx(flops_per_byte, abs=0.5)
+    assert kv_sizing.heads_per_gpu(GLM, layout) == heads
+    assert kv_sizing.sparse_mla_flops_per_byte(GLM, heads) == pytest.approx(flops_per_byte, abs=0.5)
 
 
 def test_flops_per_byte_matches_footnote_arithmetic():
     # 8 heads: 35.7 MFLOP over 1.37 MB; 64 heads: 285 MFLOP over 1.49 MB.
-    assert planner.flops_per_row_per_head(GLM) == 2176
-    assert planner.query_output_bytes_per_head(GLM) == 2176
+    assert kv_sizing.flops_per_row_per_head(GLM) == 2176
+    assert kv_sizing.query_output_bytes_per_head(GLM) == 2176
     assert 2048 * 8 * 2176 / 1e6 == pytest.approx(35.7, abs=0.05)
     assert (2048 * 660 + 64 * 2176) / 1e6 == pytest.approx(1.49, abs=0.005)
 
@@ -91,14 +91,14 @@ def test_flops_per_byte_matches_footnote_arithmetic():
     (Layout(prefillContextParallel=8), 256 * K),   # PCP8: ~256K
 ])
 def test_indexer_crossover(layout, seed_tokens):
-    crossover = planner.indexer_crossover_tokens(GLM, planner.heads_per_gpu(GLM, layout))
+    crossover = kv_sizing.indexer_crossover_tokens(GLM, kv_sizing.heads_per_gpu(GLM, layout))
     # Tolerance 3%: the seed quotes round figures ("unos 32K", "unos 256K").
     assert crossover == pytest.approx(seed_tokens, rel=0.03)
 
 
 def test_indexer_crossover_is_where_flop_counts_meet():
     heads = 8
-    crossover = planner.indexer_crossover_tokens(GLM, heads)
+    crossover = kv_sizing.indexer_crossover_tokens(GLM, heads)
 
     def indexer(length):  # per GPU under TP8: replicated
         return GLM.indexLayers * length ** 2 / 2 * GLM.indexHeads * GLM.indexHeadDim * 2
@@ -111,8 +111,8 @@ def test_indexer_crossover_is_where_flop_counts_meet():
 
 
 def test_no_crossover_without_an_indexer():
-    dense = api.Architecture(layers=4, attentionHeads=16, kvLoraRank=512, qkRopeHeadDim=64)
-    assert planner.indexer_crossover_tokens(dense, 16) is None
+    dense = api_model.Architecture(layers=4, attentionHeads=16, kvLoraRank=512, qkRopeHeadDim=64)
+    assert kv_sizing.indexer_crossover_tokens(dense, 16) is None
 
 
 # ------------------------------------------------------------ the example and the baselines
@@ -262,10 +262,10 @@ def test_explicit_architecture_without_weights_needs_a_budget():
 def test_replicated_bytes_unset_divides_everything_by_the_ep_group():
     arch = GLM
     layout = Layout(prefillContextParallel=8)
-    without = api.Architecture(**{**arch.__dict__, "replicatedParameterBytes": None})
+    without = api_model.Architecture(**{**arch.__dict__, "replicatedParameterBytes": None})
     total = int(arch.parameterBytes)
-    assert planner.weights_bytes_per_gpu(without, layout) == -(-total // 8)
-    assert planner.weights_bytes_per_gpu(arch, layout) > total / 8
+    assert kv_sizing.weights_bytes_per_gpu(without, layout) == -(-total // 8)
+    assert kv_sizing.weights_bytes_per_gpu(arch, layout) > total / 8
 
 
 def test_deepseek_preset_plans():
@@ -322,11 +322,11 @@ def test_capacity_plan_is_frozen():
 # ------------------------------------------------------------ host memory of the nodes
 
 
-def _node(name: str, memory: str, gpu_mib: str | None = None, **labels: str) -> planner.NodeMemory:
-    meta_labels = {planner.GPU_PRODUCT_LABEL: "NVIDIA-H200", **labels}
+def _node(name: str, memory: str, gpu_mib: str | None = None, **labels: str) -> host_memory.NodeMemory:
+    meta_labels = {placement.GPU_PRODUCT_LABEL: "NVIDIA-H200", **labels}
     if gpu_mib:
-        meta_labels[planner.GPU_MEMORY_LABEL] = gpu_mib
-    return planner.NodeMemory.from_manifest({"metadata": {"name": name, "labels": meta_labels},
+        meta_labels[host_memory.GPU_MEMORY_LABEL] = gpu_mib
+    return host_memory.NodeMemory.from_manifest({"metadata": {"name": name, "labels": meta_labels},
                                              "status": {"allocatable": {"memory": memory}}})
 
 
@@ -358,7 +358,7 @@ def test_a_pod_larger_than_every_selected_node_is_refused_naming_the_field(chang
 
 
 def test_only_the_nodes_the_placement_selects_count():
-    nodes = [_node("other", "64Ti", **{planner.GPU_PRODUCT_LABEL: "NVIDIA-B200"}),
+    nodes = [_node("other", "64Ti", **{placement.GPU_PRODUCT_LABEL: "NVIDIA-B200"}),
              _node("h200", "256Gi")]
     plan = planner.plan(spec_with(), nodes)
     assert not plan.fits and "(h200," in plan.refusal
@@ -437,4 +437,4 @@ def test_an_auto_pool_too_large_for_the_nodes_is_refused_with_the_requests_that_
 
 
 def test_a_node_without_a_memory_quantity_is_ignored():
-    assert planner.NodeMemory.from_manifest({"metadata": {"name": "x"}, "status": {}}) is None
+    assert host_memory.NodeMemory.from_manifest({"metadata": {"name": "x"}, "status": {}}) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api, models, planner
+from longctx_engine import api, api_serving, kv_sizing, models, planner
 from longctx_engine.layout import Layout
 from longctx_engine.prefix_index import (derived_lru_capacity, gpu_tokens_per_rank,
                                          prefix_index, rank_tokens)
@@ -68,7 +68,7 @@ def test_pipeline_and_decode_context_parallelism_multiply_gpu_tokens():
                                                           decodeContextParallel=4))
     # PP2: a GPU keeps half of each token's layers; DCP4: four GPUs split the tokens.
     assert gpu_tokens_per_rank(cap, bpt) == kv * 2 // bpt * 4
-    unknown = dataclasses.replace(plan.prefill, budget=planner.Budget(None, "unknown"))
+    unknown = dataclasses.replace(plan.prefill, budget=kv_sizing.Budget(None, "unknown"))
     assert gpu_tokens_per_rank(unknown, bpt) == 0
 
 
@@ -90,9 +90,9 @@ def test_explicit_values_win():
 
 
 def test_fields_are_optional_with_their_minimums():
-    assert api.PrefixCache().lruCapacityPerServer is None
-    assert api.PrefixCache().maxPrefixTokensToMatch is None
-    props = object_schema(api.PrefixCache)["properties"]
+    assert api_serving.PrefixCache().lruCapacityPerServer is None
+    assert api_serving.PrefixCache().maxPrefixTokensToMatch is None
+    props = object_schema(api_serving.PrefixCache)["properties"]
     for name in ("lruCapacityPerServer", "maxPrefixTokensToMatch"):
         # The apiserver enforces the minimum; no default, so absent means derived.
         assert props[name]["minimum"] == 1 and "default" not in props[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import celpy
 import pytest
 
 from longctx_engine import api, rules
@@ -198,16 +199,21 @@ def test_messages_name_the_value():
                    "1; set commBackend to ag_rs")
 
 
-def test_cel_subset_translates_to_python():
-    rule = Rule("!has(self.x) || (self.n / 2 == 1 && self.s.size() <= 3 && self.n in [2, 3])",
-                "n is {self.n}")
-
-    class Subject:
-        x, n, s = None, 2, "abc"
-    assert rule.holds(Subject()) and rule.render(Subject()) == "n is 2"
-    Subject.x, Subject.n = 1, 4
-    assert not rule.holds(Subject())
+def test_rules_are_evaluated_as_cel_on_the_manifest_form():
+    """has() is false for an unset field, `/` is integer division, a map literal and `in`
+    work, and an evaluation error (a missing key) fails the rule as on the API server."""
+    rule = Rule("!has(self.x) || (self.n / 2 == 1 && self.s.size() <= 3 && self.n in [2, 3] "
+                "&& {'a': 1}[self.s] == 1)", "n is {self.n}")
+    assert rule.holds({"n": 2, "s": "abc"}) and rule.render({"n": 2}) == "n is 2"
+    assert rule.holds({"x": 1, "n": 3, "s": "a"})
+    assert not rule.holds({"x": 1, "n": 4, "s": "a"})
+    assert not rule.holds({"x": 1, "n": 2, "s": "b"})
     assert rule.cel() == {"rule": rule.rule, "messageExpression": '"n is %s".format([self.n])'}
+
+
+def test_a_rule_that_is_not_cel_fails_at_its_first_use():
+    with pytest.raises(celpy.CELParseError):
+        Rule("self.n ==", "").holds({"n": 1})
 
 
 def test_name_rule_offline():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from longctx_engine.planner import NodeMemory
+from longctx_engine.host_memory import NodeMemory
 from longctx_engine.topology import topology_plan
 from tests.contract.variants import spec_with
 

@@ -13,7 +13,7 @@ from longctx_engine.api import load_spec
 from longctx_engine.roles import serving_plan
 from longctx_operator.builders.engine import (engine_security_context, pod_security_level,
                                               revision_objects)
-from longctx_operator.builders.network_policy import network_policy
+from longctx_operator.builders.network_policy import OPERATOR_LABELS, network_policy
 from longctx_operator.desired import desired_objects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,12 +44,15 @@ def test_serving_ports_only_from_the_picker_and_clients_metrics_only_from_scrape
     plan = serving_plan(load_spec(cr["spec"]))
     policy = network_policy(cr, plan)
     spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"] == contract.serving_selector("glm")
+    # Serving and draining engine pods alike: a draining pod still holds requests.
+    engines = {"matchLabels": {contract.INSTANCE_LABEL: "glm"}, "matchExpressions": [
+        {"key": contract.SERVING_LABEL, "operator": "In", "values": ["true", "draining"]}]}
+    assert spec["podSelector"] == engines
     assert spec["policyTypes"] == ["Ingress"]
-    same_cr, picker, clients, scrapers = spec["ingress"]
+    same_cr, picker, clients, scrapers, operator = spec["ingress"]
     # Between the CR's own prefill and decode pods: every port (NIXL's transfer ports are
     # chosen at run time).
-    assert same_cr == {"from": [{"podSelector": {"matchLabels": contract.serving_selector("glm")}}]}
+    assert same_cr == {"from": [{"podSelector": engines}]}
     serving = [{"protocol": "TCP", "port": p} for p in plan.pool_target_ports]
     assert picker["ports"] == serving and clients["ports"] == serving
     assert picker["from"][0]["podSelector"]["matchLabels"][contract.COMPONENT_LABEL] == "router"
@@ -59,12 +62,17 @@ def test_serving_ports_only_from_the_picker_and_clients_metrics_only_from_scrape
     assert not nixl & open_outside, "a NIXL side channel port is open outside the CR"
     assert {p["port"] for p in scrapers["ports"]} == {
         p for role in plan.roles for p in role.ports.http}
+    # The operator reads the draining pods' vLLM metrics (engine_load.py), from its own
+    # namespace, whichever that is.
+    assert operator == {"from": [{"namespaceSelector": {},
+                                  "podSelector": {"matchLabels": OPERATOR_LABELS}}],
+                        "ports": scrapers["ports"]}
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 
 def test_no_clients_no_client_rule():
     plan = serving_plan(load_spec(cr_with(enabled=True)["spec"]))
-    assert len(network_policy(cr_with(enabled=True), plan)["spec"]["ingress"]) == 2
+    assert len(network_policy(cr_with(enabled=True), plan)["spec"]["ingress"]) == 3
 
 
 def engine_container(cr: dict, role: str) -> dict:

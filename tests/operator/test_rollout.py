@@ -13,10 +13,12 @@ import pytest
 from longctx_engine import contract
 from longctx_operator import rollout
 from longctx_operator.rollout import (BLOCKED, DRAINING, DRAINING_ANNOTATION, FAILED,
-                                      PROGRESSING, RECREATING, STEADY, Policy)
+                                      IDLE_CONFIRM_SECONDS, PROGRESSING, RECREATING, STEADY,
+                                      DrainLoad, Policy)
 
 NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 DRAIN, TIMEOUT = 60.0, 600.0
+LOOK = IDLE_CONFIRM_SECONDS    # a drain is looked at again this soon
 SHORTAGE = "2 GPUs short on nodes with nvidia.com/gpu.product=NVIDIA-H200"
 
 
@@ -72,6 +74,15 @@ class Case:
     apply: bool = True
     wake: Optional[float] = None
     strategy: str = "Surge"
+    load: DrainLoad = DrainLoad()
+
+
+def idle(seconds: float, *pods: str, switched: bool = True) -> DrainLoad:
+    """The draining pods named, idle for `seconds`; the router switched or not."""
+    return DrainLoad({p: seconds for p in pods}, router_switched=switched)
+
+
+OLD_PODS = ("glm-prefill-a-0", "glm-decode-a-0")
 
 
 PROGRESS_B = {"phase": PROGRESSING, "from": "a", "to": "b", "serving": "a",
@@ -95,7 +106,7 @@ CASES = [
          cluster(a="ready", b="loading"), PROGRESS_B, PROGRESSING, "a", wake=TIMEOUT - 100 + 1),
     Case("surge switches once the new revision is Ready", "b", "a",
          cluster(a="ready", b="ready"), PROGRESS_B, DRAINING, "b", events=["RolloutSwitched"],
-         wake=DRAIN + 1),
+         wake=LOOK),
     Case("surge blocked: the new pods cannot be scheduled", "b", "a",
          cluster(a="ready", b="unschedulable"), PROGRESS_B, BLOCKED, "a",
          events=["RolloutBlocked"]),
@@ -109,8 +120,22 @@ CASES = [
     Case("surge still failed: the event is not repeated", "b", "a",
          cluster(a="ready", b="crash"), {**PROGRESS_B, "phase": FAILED}, FAILED, "a"),
     # Draining
-    Case("draining inside the window: the old revision stays", "b", "b",
-         cluster(a="ready", b="ready"), DRAIN_B, DRAINING, "b", wake=DRAIN - 30 + 1),
+    Case("draining inside the window: the old revision stays, looked at again soon", "b",
+         "b", cluster(a="ready", b="ready"), DRAIN_B, DRAINING, "b", wake=LOOK),
+    Case("draining, the window nearly over: woken at its end", "b", "b",
+         cluster(a="ready", b="ready"), {**DRAIN_B, "switchTime": at(-DRAIN + 2)}, DRAINING,
+         "b", wake=3),
+    Case("old pods idle at two looks and the router switched: removed before the window",
+         "b", "b", cluster(a="ready", b="ready"), DRAIN_B, STEADY, "b", delete=["a"],
+         events=["RolloutDrained"], load=idle(LOOK, *OLD_PODS)),
+    Case("old pods idle at one look only: kept", "b", "b", cluster(a="ready", b="ready"),
+         DRAIN_B, DRAINING, "b", wake=LOOK, load=idle(LOOK - 1, *OLD_PODS)),
+    Case("one old pod still holds a request: kept", "b", "b",
+         cluster(a="ready", b="ready"), DRAIN_B, DRAINING, "b", wake=LOOK,
+         load=idle(30, "glm-decode-a-0")),
+    Case("old pods idle but a router still sends to them: kept", "b", "b",
+         cluster(a="ready", b="ready"), DRAIN_B, DRAINING, "b", wake=LOOK,
+         load=idle(30, *OLD_PODS, switched=False)),
     Case("drain window over: the old revision is deleted", "b", "b",
          cluster(a="ready", b="ready"), {**DRAIN_B, "switchTime": at(-DRAIN)}, STEADY, "b",
          delete=["a"], events=["RolloutDrained"]),
@@ -150,7 +175,7 @@ def test_step(case: Case):
 
     out = rollout.step(desired=case.desired, serving=case.serving, revisions=case.revisions,
                        previous=case.previous, policy=policy(case.strategy), now=NOW,
-                       capacity_shortage=shortage)
+                       capacity_shortage=shortage, load=case.load)
     assert (out.phase, out.serving, sorted(out.delete), out.apply_desired) == (
         case.phase, case.now_serving, case.delete, case.apply)
     assert [reason for _, reason, _ in out.events] == case.events
@@ -211,40 +236,54 @@ def live(replicas: int) -> dict[str, Any]:
     return {"spec": {"replicas": replicas}}
 
 
-# (id, desired, live replicas, pods, replicas now, leave, rejoin, wake)
+# (id, desired, live replicas, pods, replicas now, leave, rejoin, wake[, load])
 SCALE = [
     ("scale-up never waits", 3, 2, [spod(0), spod(1)], 3, [], [], None),
     ("no change", 2, 2, [spod(0), spod(1)], 2, [], [], None),
     ("no live StatefulSet yet", 2, None, [], 2, [], [], None),
     ("scale-down: the removed pods leave the pool first, replicas kept", 1, 3,
-     [spod(0), spod(1), spod(2)], 3, ["glm-decode-b-1", "glm-decode-b-2"], [], DRAIN + 1),
-    ("a pod not yet marked holds the replicas a full window", 1, 3,
-     [spod(0), spod(1), spod(2, marked=-50)], 3, ["glm-decode-b-1"], [], DRAIN + 1),
+     [spod(0), spod(1), spod(2)], 3, ["glm-decode-b-1", "glm-decode-b-2"], [], LOOK),
+    ("a pod not yet marked holds the replicas", 1, 3,
+     [spod(0), spod(1), spod(2, marked=-50)], 3, ["glm-decode-b-1"], [], LOOK),
     ("draining: replicas kept until the window passes", 1, 3,
-     [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 3, [], [], DRAIN - 20 + 1),
+     [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 3, [], [], LOOK),
     ("the latest mark sets the window", 1, 3,
-     [spod(0), spod(1, marked=-70), spod(2, marked=-10)], 3, [], [], DRAIN - 10 + 1),
+     [spod(0), spod(1, marked=-70), spod(2, marked=-DRAIN + 2)], 3, [], [], 3),
+    ("the leaving pods idle at two looks, the router switched: removed before the window",
+     1, 3, [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 1, [], [], None,
+     idle(LOOK, "glm-decode-b-1", "glm-decode-b-2")),
+    ("one leaving pod still busy: kept", 1, 3,
+     [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 3, [], [], LOOK,
+     idle(LOOK, "glm-decode-b-2")),
+    ("idle, but the router still discovers them: kept", 1, 3,
+     [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 3, [], [], LOOK,
+     idle(LOOK, "glm-decode-b-1", "glm-decode-b-2", switched=False)),
+    ("the pods staying may be idle or not: it is the leaving ones that count", 1, 2,
+     [spod(0), spod(1, marked=-20)], 1, [], [], None, idle(LOOK, "glm-decode-b-1")),
     ("drained: the StatefulSet gets the desired replicas", 1, 3,
      [spod(0), spod(1, marked=-DRAIN), spod(2, marked=-DRAIN)], 1, [], [], None),
     ("scaled back up mid-drain: the marked pods rejoin at once", 3, 3,
      [spod(0), spod(1, marked=-20), spod(2, marked=-20)], 3, [],
      ["glm-decode-b-1", "glm-decode-b-2"], None),
     ("partly scaled back: the kept pod rejoins, the other keeps draining", 2, 3,
-     [spod(0), spod(1, marked=-10), spod(2, marked=-10)], 3, [], ["glm-decode-b-1"],
-     DRAIN - 10 + 1),
+     [spod(0), spod(1, marked=-10), spod(2, marked=-10)], 3, [], ["glm-decode-b-1"], LOOK),
     ("pods already being deleted are not waited for", 1, 3,
      [spod(0), spod(1, deleting=True), spod(2, deleting=True)], 1, [], [], None),
-    ("to zero", 0, 1, [spod(0)], 1, ["glm-decode-b-0"], [], DRAIN + 1),
+    ("to zero", 0, 1, [spod(0)], 1, ["glm-decode-b-0"], [], LOOK),
 ]
 
 
 @pytest.mark.parametrize("case", SCALE, ids=[c[0] for c in SCALE])
 def test_scale_down(case):
-    _, desired, replicas, pods, now_replicas, leave, rejoin, wake = case
+    _, desired, replicas, pods, now_replicas, leave, rejoin, wake, *load = case
     out = rollout.scale_down(desired, live(replicas) if replicas is not None else None, pods,
-                             DRAIN, NOW)
+                             DRAIN, NOW, *load)
     assert (out.replicas, out.leave_pool, out.rejoin_pool, out.wake_after) == (
         now_replicas, leave, rejoin, wake)
+    early = now_replicas < (replicas or 0) and bool(load)
+    assert out.drained_early == (sorted(p["metadata"]["name"] for p in pods
+                                        if int(p["metadata"]["name"][-1]) >= desired)
+                                 if early else [])
 
 
 def test_draining_marks_take_a_pod_out_of_the_pool_and_back():

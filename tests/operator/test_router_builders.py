@@ -1,4 +1,4 @@
-"""Unit tests of the router builders (operator/longctx_operator/builders/router.py).
+"""Unit tests of the router builders (operator/longctx_operator/builders/router.py and picker.py).
 
 The EndpointPickerConfig is also checked against the picker's published Go types, decoded
 strictly as the picker does (llm-d-router apix/config/v1alpha1 and each plugin's parameter
@@ -21,7 +21,7 @@ from longctx_engine.prefix_index import rank_tokens
 from longctx_engine.revision import pairing_key
 from longctx_engine import contract
 from longctx_engine.roles import serving_plan
-from longctx_operator.builders import router
+from longctx_operator.builders import picker, router
 from longctx_operator.builders.digest import content_digest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,14 +145,14 @@ def test_picker_config_is_strictly_valid_for_both_deciders():
                   {"router": {"disaggregation": {"decider": "prefix-based",
                                                  "nonCachedTokens": 512, "promptTokens": 2048}}}):
         _, spec = make_cr(patch)
-        validate_picker_config(router.picker_config(spec))
+        validate_picker_config(picker.picker_config(spec))
         # What the picker reads is the YAML text in the ConfigMap.
-        validate_picker_config(yaml.safe_load(router.picker_config_text(spec)))
+        validate_picker_config(yaml.safe_load(picker.picker_config_text(spec)))
 
 
 def test_validator_rejects_what_the_picker_rejects():
     _, spec = make_cr()
-    cfg = router.picker_config(spec)
+    cfg = picker.picker_config(spec)
     bad = copy.deepcopy(cfg)
     bad["plugins"][0]["parameters"]["blockSizeTokenz"] = 64
     with pytest.raises(AssertionError, match="unknown field"):
@@ -172,7 +172,7 @@ def test_picker_config_content_follows_the_spec():
                                                   "lruCapacityPerServer": 50000},
                                   "disaggregation": {"decider": "prefix-based",
                                                      "nonCachedTokens": 256, "promptTokens": 1024}}})
-    cfg = router.picker_config(spec)
+    cfg = picker.picker_config(spec)
     plugins = {p["type"]: p for p in cfg["plugins"]}
     assert plugins["approx-prefix-cache-producer"]["parameters"] == {
         "autoTune": False, "blockSizeTokens": 128, "maxPrefixTokensToMatch": 262144,
@@ -190,7 +190,7 @@ def test_picker_config_content_follows_the_spec():
     assert "prefill-filter" not in profiles["decode"] and "decode-filter" not in profiles["prefill"]
 
     _, spec = make_cr()  # the example: always
-    plugins = {p["type"]: p for p in router.picker_config(spec)["plugins"]}
+    plugins = {p["type"]: p for p in picker.picker_config(spec)["plugins"]}
     assert "parameters" not in plugins["always-disagg-pd-decider"]
     assert plugins["disagg-profile-handler"]["parameters"]["deciders"]["prefill"] == \
         "always-disagg-pd-decider"
@@ -202,7 +202,7 @@ def test_prefix_index_of_every_example_is_sized_from_its_plan():
             "| lruCapacityPerServer | maxPrefixTokensToMatch |", "|---|---:|---:|---:|---:|---:|"]
     for path in sorted((REPO / "examples").glob("*.yaml")):
         spec = api.load_spec(yaml.safe_load(path.read_text())["spec"])
-        params = {p["type"]: p for p in router.picker_config(spec)["plugins"]}[
+        params = {p["type"]: p for p in picker.picker_config(spec)["plugins"]}[
             "approx-prefix-cache-producer"]["parameters"]
         tokens = {r.role: r.total for r in rank_tokens(spec, planner.plan(spec))}
         block = spec.router.prefixCache.blockSize
@@ -223,11 +223,11 @@ def test_prefix_index_of_every_example_is_sized_from_its_plan():
 def test_no_deprecated_plugin_or_field():
     for decider in ("always", "prefix-based"):
         _, spec = make_cr({"router": {"disaggregation": {"decider": decider}}})
-        cfg = router.picker_config(spec)
+        cfg = picker.picker_config(spec)
         types = {p["type"] for p in cfg["plugins"]}
-        assert not types & router.DEPRECATED_PLUGIN_TYPES
+        assert not types & picker.DEPRECATED_PLUGIN_TYPES
         assert not any(t.endswith("-headers-handler") or t.startswith("by-label") for t in types)
-        text = router.picker_config_text(spec)
+        text = picker.picker_config_text(spec)
         # Deprecated spellings: character-based blockSize, legacy deciderPluginName,
         # top-level parser/saturationDetector, the deprecated config group.
         for word in ("deciderPluginName", "maxPrefixBlocksToMatch", "inference.networking.x-k8s.io",
@@ -456,23 +456,23 @@ def test_routing_sidecar():
 
 
 def test_picker_status():
-    assert router.picker_status(None) == (False, "PickerMissing",
+    assert picker.picker_status(None) == (False, "PickerMissing",
                                           "the endpoint picker Deployment does not exist yet")
     dep = {"metadata": {"name": "glm-epp", "generation": 2}, "spec": {"replicas": 1},
            "status": {"observedGeneration": 1}}
-    assert router.picker_status(dep)[:2] == (False, "PickerProgressing")
+    assert picker.picker_status(dep)[:2] == (False, "PickerProgressing")
     dep["status"] = {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
                      "availableReplicas": 0,
                      "conditions": [{"type": "Available", "status": "False"}]}
-    ready, reason, message = router.picker_status(dep)
+    ready, reason, message = picker.picker_status(dep)
     assert (ready, reason) == (False, "PickerUnavailable") and "0/1" in message
     dep["status"]["conditions"].append({"type": "ReplicaFailure", "status": "True",
                                         "message": "pods \"glm-epp-x\" is forbidden: quota"})
-    assert router.picker_status(dep)[:2] == (False, "PickerReplicaFailure")
+    assert picker.picker_status(dep)[:2] == (False, "PickerReplicaFailure")
     dep["status"] = {"observedGeneration": 2, "updatedReplicas": 1, "availableReplicas": 1,
                      "conditions": [{"type": "Progressing", "status": "False",
                                      "reason": "ProgressDeadlineExceeded"}]}
-    assert router.picker_status(dep)[:2] == (False, "PickerStalled")
+    assert picker.picker_status(dep)[:2] == (False, "PickerStalled")
     dep["status"]["conditions"] = [{"type": "Available", "status": "True"}]
-    ready, reason, message = router.picker_status(dep)
+    ready, reason, message = picker.picker_status(dep)
     assert (ready, reason) == (True, "PickerAvailable") and "1/1" in message

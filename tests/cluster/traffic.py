@@ -1,0 +1,253 @@
+"""Client traffic and faults for the real-engine tests: a steady stream of streamed chat
+requests through the router, what each one got, and signals to a loopback pod's engine.
+
+A request is *failed* when it got an HTTP error, a refused connection or an error in its
+stream, and *cut off* when its stream ended without an error but with fewer tokens than it
+asked for (every request sets `ignore_eos`, so a complete answer has exactly `max_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tests.cluster.real_engines import _check_loopback, metric, metrics, words
+
+
+@dataclass
+class Outcome:
+    started: float                      # seconds since the stream began
+    seconds: float = 0.0                # until the answer ended (or failed)
+    tokens: int = 0                     # content chunks received
+    error: str = ""                     # HTTP status, exception or the stream's error
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error)
+
+
+def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: float = 300
+                ) -> Outcome:
+    """One streamed greedy chat completion with ignore_eos: what the client got."""
+    target = f"{url}/v1/chat/completions"
+    _check_loopback(target)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()
+    req = urllib.request.Request(target, data=body,
+                                 headers={"Content-Type": "application/json"})
+    began = time.monotonic()
+    out = Outcome(started=0.0)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for line in resp:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    out.error = f"stream error: {chunk['error']}"[:300]
+                for choice in chunk.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        out.tokens += 1
+                    if choice.get("finish_reason") not in (None, "length", "stop"):
+                        out.error = f"finish_reason {choice['finish_reason']}"
+    except urllib.error.HTTPError as exc:
+        out.error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+    except Exception as exc:  # a refused or reset connection, a read timeout
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
+    out.seconds = time.monotonic() - began
+    return out
+
+
+@dataclass
+class Traffic:
+    """Requests started every `interval` seconds, at most `parallel` in flight (the 2-core
+    machine's limit), until `max_requests` or `max_seconds`; each prompt is distinct. `url()`
+    gives the router to send each request to (a Service's Ready endpoint)."""
+
+    url: Callable[[], str]
+    model: str
+    max_tokens: int = 8
+    interval: float = 0.2
+    parallel: int = 2
+    max_requests: int = 60
+    max_seconds: float = 120
+    prompt_words: int = 60
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._slots = threading.Semaphore(self.parallel)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._runner = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Traffic":
+        self._began = time.monotonic()
+        self._runner.start()
+        return self
+
+    def _run(self) -> None:
+        for i in range(self.max_requests):
+            if self._stop.is_set() or time.monotonic() - self._began > self.max_seconds:
+                break
+            while not self._slots.acquire(timeout=0.2):
+                if self._stop.is_set():
+                    return
+            thread = threading.Thread(target=self._one, args=(i,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            time.sleep(self.interval)
+
+    def _one(self, i: int) -> None:
+        started = time.monotonic() - self._began
+        try:
+            # Distinct prompts of distinct lengths: no prefix cache hit, and per-revision
+            # token sums that a request crossing revisions would unbalance.
+            out = stream_chat(self.url(), self.model,
+                              words(self.prompt_words + i, seed=1000 + i), self.max_tokens)
+            out.started = started
+            with self._lock:
+                self.outcomes.append(out)
+        finally:
+            self._slots.release()
+
+    def stop(self, timeout: float = 300) -> "Traffic":
+        self._stop.set()
+        self._runner.join(timeout)
+        for t in self._threads:
+            t.join(max(timeout - (time.monotonic() - self._began), 1))
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        done = self.outcomes
+        return {"sent": len(done), "failed": sum(o.failed for o in done),
+                "cut_off": sum(not o.failed and o.tokens < self.max_tokens for o in done),
+                "longest_s": round(max((o.seconds for o in done), default=0.0), 1),
+                "errors": sorted({o.error[:120] for o in done if o.failed})}
+
+
+class RouterEndpoint:
+    """What a client reaching vllm-router through its Service gets, which the harness has
+    no endpoints for (docs/test-harness.md): a Ready, not terminating router pod, the list
+    refreshed every `period` seconds as the endpoints controller and kube-proxy would."""
+
+    def __init__(self, engines: Any, namespace: str, name: str, period: float = 0.5):
+        self.engines, self.namespace, self.name, self.period = engines, namespace, name, period
+        self._url = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "RouterEndpoint":
+        self.refresh()
+        assert self._url, f"no Ready router pod of {self.namespace}/{self.name}"
+        self._thread.start()
+        return self
+
+    def refresh(self) -> None:
+        pods = self.engines.pods(self.namespace, f"app.kubernetes.io/instance={self.name},"
+                                                 "app.kubernetes.io/component=router")
+        ready = [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions", []))]
+        if ready:
+            newest = max(ready, key=lambda p: p["metadata"]["creationTimestamp"])
+            self._url = f"http://{newest['status']['podIP']}:8080"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.refresh()
+            except Exception:
+                continue   # the API server is busy: keep the last endpoint
+
+    def __call__(self) -> str:
+        return self._url
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+# ------------------------------------------------------------------ per-pod counters
+
+
+def served(url: str) -> tuple[float, float]:
+    """An engine's finished requests and their prompt tokens (vLLM's own counters)."""
+    m = metrics(f"{url}/metrics")
+    return (metric(m, "vllm:request_success_total"), metric(m, "vllm:prompt_tokens_total"))
+
+
+class PodCounters:
+    """The last `served` figures read from every engine pod of a CR, by pod name and role
+    and revision, polled until stopped (a drained pod is deleted: its last figures stay)."""
+
+    def __init__(self, engines: Any, namespace: str, name: str, period: float = 1.0):
+        self.engines, self.namespace, self.name, self.period = engines, namespace, name, period
+        self.last: dict[str, tuple[str, str, float, float]] = {}   # pod -> role, rev, n, tok
+        self.first: dict[str, tuple[float, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "PodCounters":
+        self.poll()
+        self._thread.start()
+        return self
+
+    def poll(self) -> None:
+        for pod in self.engines.pods(self.namespace, f"app.kubernetes.io/instance={self.name}"):
+            labels = pod["metadata"]["labels"]
+            role = labels.get("app.kubernetes.io/component")
+            ip = (pod.get("status") or {}).get("podIP")
+            if role not in ("prefill", "decode") or not ip:
+                continue
+            try:
+                n, tokens = served(f"http://{ip}:8000")
+            except Exception:
+                continue    # not serving yet, or gone
+            pod_name = pod["metadata"]["name"]
+            self.first.setdefault(pod_name, (n, tokens))
+            self.last[pod_name] = (role, labels["longctx.dev/pairing"], n, tokens)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.poll()
+
+    def stop(self) -> "PodCounters":
+        self._stop.set()
+        self._thread.join(30)
+        self.poll()
+        return self
+
+    def by_revision(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """{revision: {role: (requests, prompt tokens) served since start()}}."""
+        out: dict[str, dict[str, tuple[float, float]]] = {}
+        for pod, (role, rev, n, tokens) in self.last.items():
+            n0, t0 = self.first[pod]
+            have = out.setdefault(rev, {}).get(role, (0.0, 0.0))
+            out[rev][role] = (have[0] + n - n0, have[1] + tokens - t0)
+        return out
+
+
+# ------------------------------------------------------------------ faults
+
+
+def engine_pid(pod: dict[str, Any]) -> int:
+    """The engine container's process (leader of its process group): the loopback kubelet
+    records it as the containerID, `loopback://<pid>`."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs["name"] == "engine" and (cs.get("containerID") or "").startswith("loopback://"):
+            return int(cs["containerID"].removeprefix("loopback://"))
+    raise AssertionError(f"pod {pod['metadata']['name']} has no running engine container")
+
+
+def signal_engine(pod: dict[str, Any], sig: signal.Signals) -> None:
+    """`sig` to every process of the engine container (vLLM's API server and EngineCore)."""
+    os.killpg(engine_pid(pod), sig)

@@ -1,0 +1,82 @@
+"""vllm-router's Deployment (builders/vllm_router.py) as a drain needs it: discovery only of
+pods in the pool, a roll when a scale-down takes pods out, and when a roll is over."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from longctx_engine import contract
+from longctx_engine.api import load_spec
+from longctx_engine.roles import serving_plan
+from longctx_operator.builders import vllm_router
+
+REPO = Path(__file__).resolve().parents[2]
+CR = yaml.safe_load((REPO / "examples" / "tiny-mla-cpu.yaml").read_text())
+CR["metadata"] = {"name": "tiny", "namespace": "ml", "uid": "u-1"}
+PLAN = serving_plan(load_spec(CR["spec"]))
+
+
+def deployment() -> dict[str, Any]:
+    (dep,) = [o for o in vllm_router.vllm_router_objects(CR, PLAN) if o["kind"] == "Deployment"]
+    return dep
+
+
+def test_discovery_selects_only_pods_in_the_pool_of_the_revision():
+    args = deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    for flag, role in (("--prefill-selector", "prefill"), ("--decode-selector", "decode")):
+        at = args.index(flag)
+        labels = dict(a.split("=", 1) for a in args[at + 1:at + 6])
+        assert labels == {**contract.selector_labels("tiny", role, PLAN.revision),
+                          contract.SERVING_LABEL: "true"}
+        # A pod a scale-down marks draining no longer matches.
+        draining = {**contract.labels("tiny", role, PLAN.revision),
+                    contract.SERVING_LABEL: "draining"}
+        assert not labels.items() <= draining.items()
+
+
+def live(dep: dict[str, Any], generation: int = 2, observed: int = 2, replicas: int = 1,
+         updated: int = 1, available: int = 1) -> dict[str, Any]:
+    out = copy.deepcopy(dep)
+    out["metadata"]["generation"] = generation
+    out["status"] = {"observedGeneration": observed, "replicas": replicas,
+                     "updatedReplicas": updated, "availableReplicas": available}
+    return out
+
+
+def draining(pods: list[str]) -> dict[str, Any]:
+    dep = deployment()
+    vllm_router.roll_for_draining(dep, pods)
+    return dep
+
+
+ROLLED = [
+    ("rolled out", draining(["b", "a"]), live(draining(["a", "b"])), True),
+    ("no live Deployment", draining(["a"]), None, False),
+    ("the template still names other pods", draining(["a"]), live(draining(["b"])), False),
+    ("the template has not been applied", draining(["a"]), live(deployment()), False),
+    ("the controller has not seen the new generation", draining(["a"]),
+     live(draining(["a"]), observed=1), False),
+    ("an old router pod still runs beside the new one", draining(["a"]),
+     live(draining(["a"]), replicas=2), False),
+    ("the new router pod is not yet available", draining(["a"]),
+     live(draining(["a"]), available=0), False),
+    ("nothing draining: a stale annotation of an earlier scale-down does not count",
+     deployment(), live(draining(["old-1"])), True),
+]
+
+
+@pytest.mark.parametrize("case", ROLLED, ids=[c[0] for c in ROLLED])
+def test_rolled_out(case):
+    _, desired, live_dep, expected = case
+    assert vllm_router.rolled_out(desired, live_dep) is expected
+
+
+def test_a_router_discovering_another_revision_has_not_rolled_out():
+    other = live(deployment())
+    other["spec"]["template"]["metadata"]["labels"][contract.PAIRING_LABEL] = "other"
+    assert not vllm_router.rolled_out(deployment(), other)
