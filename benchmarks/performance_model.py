@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import (api, cost_terms, hardware, kv_sizing, models, performance,
-                            phase_timing, planner)
+from longctx_core.api import spec as api
+from longctx_core.sizing import (cost_terms, hardware, kv_sizing, models, performance,
+                                 phase_timing, planner)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glm-5.3-1m.yaml"
 PROMPTS = [2 ** n for n in range(13, 21)]   # 8K .. 1M

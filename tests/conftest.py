@@ -113,14 +113,14 @@ class Cluster:
 
 def revision_of(cr: dict) -> str:
     """The revision (NIXL pairing key) a CR's spec deploys."""
-    from longctx_engine.api import load_spec
-    from longctx_engine.revision import pairing_key
+    from longctx_core.api.spec import load_spec
+    from longctx_core.vllm_config.revision import pairing_key
     return pairing_key(load_spec(cr["spec"]))
 
 
 def sts_name(cr: dict, role: str) -> str:
     """The name of a role's StatefulSet for the CR's current spec."""
-    from longctx_engine import contract
+    from longctx_core import contract
     return contract.statefulset(cr["metadata"]["name"], role, revision_of(cr))
 
 
@@ -180,7 +180,7 @@ def operator(cluster: Cluster) -> Iterator[Any]:
     os.environ.update(settings_env)
     try:
         with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",
-                         "longctx_operator.main"], settings=kopf_settings(),
+                         "longctx_operator.runtime.main"], settings=kopf_settings(),
                         timeout=60) as runner:
             time.sleep(2)  # the first watches are established
             yield runner

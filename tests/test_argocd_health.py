@@ -69,7 +69,7 @@ def _cr(status: dict | None, generation: int = 2) -> dict:
 
 def operator_status(statefulsets, pods=(), router=(True, "Available", "ok"), refusal=None,
                     generation=2) -> dict:
-    from longctx_operator.status import Observed, compute_status
+    from longctx_operator.controller.status import Observed, compute_status
 
     return compute_status(_cr(None, generation), refusal=refusal, plan={"fits": refusal is None},
                           observed=Observed(statefulsets=statefulsets, pods=list(pods),
@@ -122,7 +122,7 @@ def test_crash_loop_is_degraded_with_the_exit_message():
 
 
 def test_capacity_refusal_is_degraded_even_while_old_children_are_ready():
-    from longctx_operator.status import Refusal
+    from longctx_operator.controller.status import Refusal
 
     refusal = Refusal("CapacityPlanned", "InsufficientKVCapacity",
                       "spec.maxContextTokens 16777216 does not fit: 107 GiB KV per GPU > 88 GiB")
@@ -134,7 +134,7 @@ def test_capacity_refusal_is_degraded_even_while_old_children_are_ready():
 
 
 def test_invalid_spec_is_degraded():
-    from longctx_operator.status import Refusal
+    from longctx_operator.controller.status import Refusal
 
     refusal = Refusal("Accepted", "InvalidSpec", "prefill and decode engines are incompatible")
     hs = argocd_health(_cr(operator_status({"prefill": None, "decode": None}, refusal=refusal)))
@@ -159,7 +159,7 @@ def test_status_of_an_older_generation_is_progressing_even_if_it_said_ready(obse
 
 def test_older_generation_wins_over_an_old_refusal():
     """A fix pushed after a refusal shows Progressing until the operator has looked at it."""
-    from longctx_operator.status import Refusal
+    from longctx_operator.controller.status import Refusal
 
     refusal = Refusal("CapacityPlanned", "InsufficientKVCapacity", "too long")
     status = operator_status({"prefill": _sts(), "decode": _sts()}, refusal=refusal, generation=3)

@@ -209,7 +209,7 @@ def test_targets():
 
 
 def test_image_tags_are_the_operator_defaults():
-    from longctx_engine import api_engine, api_serving
+    from longctx_core.api import engine_types as api_engine, serving_types as api_serving
     tags = image_tags()
     assert set(tags) == set(stages()) - {"wheel"}, tags
     example = yaml.safe_load((REPO / "examples/tiny-mla-cpu.yaml").read_text())
@@ -269,8 +269,8 @@ def test_engine_cpu_vllm_launcher():
     assert body == _engine_env_launcher().partition("\n")[2]
     tree = ast.parse(text)
     imports = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
-    assert any(n.module == "longctx_engine.vllm_cli" and [a.name for a in n.names] == ["main"]
-               for n in imports), "the launcher does not import longctx_engine.vllm_cli.main"
+    assert any(n.module == "longctx_core.launcher.vllm_cli" and [a.name for a in n.names] == ["main"]
+               for n in imports), "the launcher does not import longctx_core.launcher.vllm_cli.main"
     calls = [n for n in tree.body if isinstance(n, ast.Expr)]
     assert not calls, "the launcher runs code outside its __main__ guard (spawn re-runs it)"
     guards = [n for n in tree.body if isinstance(n, ast.If)
@@ -278,21 +278,21 @@ def test_engine_cpu_vllm_launcher():
     assert len(guards) == 1, "the launcher has no `if __name__ == \"__main__\":` guard"
     assert any(isinstance(c, ast.Call) and ast.unparse(c.func) == "main"
                for c in ast.walk(guards[0])), "the __main__ guard does not call main()"
-    from longctx_engine import vllm_cli
+    from longctx_core.launcher import vllm_cli
     assert callable(vllm_cli.main)
 
 
 def test_engine_cpu_runs_as_engine_uid_with_engine_home():
-    from longctx_engine.contract import ENGINE_HOME, ENGINE_UID
+    from longctx_core.contract import ENGINE_HOME, ENGINE_UID
     assert user("engine-cpu") == ENGINE_UID != 0
     assert env("engine-cpu")["HOME"] == ENGINE_HOME
     assert ["chown", f"{ENGINE_UID}:{ENGINE_UID}", ENGINE_HOME] in commands("engine-cpu")
 
 
 def test_vllm_router_image():
-    from longctx_operator.builders import vllm_router
+    from longctx_operator.controller.builders import vllm_router
     assert user("vllm-router") == vllm_router.NONROOT_UID != 0
-    source = (REPO / "operator/longctx_operator/builders/vllm_router.py").read_text()
+    source = (REPO / "operator/longctx_operator/controller/builders/vllm_router.py").read_text()
     command = json.loads(re.search(r'"command": (\[[^\]]*\])', source).group(1))
     assert exec_form("vllm-router", "ENTRYPOINT") == command
     pinned = lock()
@@ -349,7 +349,7 @@ def test_entrypoints_are_console_scripts():
         entry = exec_form(stage, "ENTRYPOINT")
         assert entry[0] in SCRIPTS, f"{stage}: {entry[0]} is not in [project.scripts]"
     assert exec_form("engine", "ENTRYPOINT") == ["longctx-engine"]
-    assert SCRIPTS["longctx-engine"] == "longctx_engine.entrypoint:main"
+    assert SCRIPTS["longctx-engine"] == "longctx_core.launcher.entrypoint:main"
     assert SCRIPTS["longctx"].startswith("longctx_operator.")
 
 
@@ -357,7 +357,7 @@ def test_console_script_targets_exist():
     for name, target in SCRIPTS.items():
         module, func = target.split(":")
         top = module.split(".")[0]
-        folder = {"longctx_engine": "engine", "longctx_operator": "operator",
+        folder = {"longctx_core": "engine", "longctx_operator": "operator",
                   "longctx_kernels": "kernels"}[top]
         path = REPO / folder / (module.replace(".", "/") + ".py")
         if name == "longctx-kernels" and not path.exists():
@@ -367,7 +367,7 @@ def test_console_script_targets_exist():
 
 
 def test_engine_container_command_matches_image():
-    from longctx_engine.contract import ENGINE_CONTAINER_COMMAND
+    from longctx_core.contract import ENGINE_CONTAINER_COMMAND
     for stage in ("engine", "engine-cpu"):
         assert ENGINE_CONTAINER_COMMAND[0] == exec_form(stage, "ENTRYPOINT")[0]
 

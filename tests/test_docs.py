@@ -260,7 +260,7 @@ def file_exists(name: str) -> bool:
 @lru_cache(maxsize=None)
 def modules() -> dict[str, tuple[ast.Module, ...]]:
     """The project's Python modules by every dotted suffix of their name (`router`,
-    `builders.router`, `longctx_operator.builders.router`), parsed."""
+    `builders.router`, `longctx_operator.controller.builders.router`), parsed."""
     out: dict[str, list[ast.Module]] = {}
     for path in shipped_files():
         if path.suffix != ".py":
@@ -369,7 +369,7 @@ def doc_name_problems(path: Path, text: str) -> list[str]:
 
 def test_the_name_checker_finds_what_is_missing_and_passes_what_exists():
     fake = REPO / "docs" / "engine.md"
-    missing = "longctx_engine/" + "nowhere.py"
+    missing = "longctx_core/" + "nowhere.py"
     text = (f"`{missing}`, kernels/longctx_kernels/lse_merge.py, `csrc/radix_topk.cu`, "
             "`deepseek_v2.py`, `revision.pairing_key`, `revision.no_such_function`, "
             "`spec.decode.replicas`, `status.plan`, `getpass.getuser()`, `no_such_helper(x)`, "

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"longctx_operator": REPO / "operator", "longctx_engine": REPO / "engine",
+PACKAGES = {"longctx_operator": REPO / "operator", "longctx_core": REPO / "engine",
             "longctx_kernels": REPO / "kernels"}
 
 
@@ -82,9 +82,9 @@ def test_the_walker_sees_a_cycle_and_resolves_relative_imports():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     known = modules()
-    edges = imports("longctx_operator.reconcile", known["longctx_operator.reconcile"], known)
-    assert {"longctx_operator.rollout", "longctx_operator.kube",
-            "longctx_engine.contract"} <= edges
+    edges = imports("longctx_operator.controller.reconcile", known["longctx_operator.controller.reconcile"], known)
+    assert {"longctx_operator.controller.rollout", "longctx_operator.runtime.kube",
+            "longctx_core.contract"} <= edges
 
 
 def test_no_import_cycles():

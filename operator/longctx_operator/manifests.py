@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from longctx_engine import contract
+from longctx_core import contract
 
 
 def read_manifest(path: str) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from longctx_engine import api
-from longctx_engine.roles import serving_plan
+from longctx_core.api import spec as api
+from longctx_core.sizing.roles import serving_plan
 from longctx_operator.bench import job
 from longctx_operator.cli import read_manifest
 from tests.cluster.controlplane import REPO

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import yaml
 
-from longctx_engine import api
+from longctx_core.api import spec as api
 from longctx_operator.bench import report, tool
 from longctx_operator.bench.command import in_bench_env
 from longctx_operator.cli import read_manifest

@@ -154,8 +154,10 @@ class RealEngines:
         self.env = engine_env()
         self.models = tiny_models(self.env)
         self.node_names = [f"loop-{i}" for i in range(nodes)]
+        self.created_nodes = []
         for i, name in enumerate(self.node_names):
             if not self._exists("node", name):
+                self.created_nodes.append(name)
                 cp.add_loopback_node(name, pod_cidr_octet=octet + i,
                                      capacity={"cpu": "16", "memory": "64Gi", "pods": "32"})
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
@@ -172,6 +174,9 @@ class RealEngines:
 
     def __exit__(self, *exc: Any) -> None:
         self.runner.stop()
+        # With no kubelet behind it the node turns NotReady; later tests expect GPU nodes only.
+        for name in self.created_nodes:
+            self.cp.kubectl("delete", "node", name, "--wait=false", check=False)
 
     def prepare_namespace(self, namespace: str) -> None:
         if not self._exists("namespace", namespace):

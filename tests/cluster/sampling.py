@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from longctx_engine import contract
+from longctx_core import contract
 
 SAMPLE_SECONDS = 0.2
 
@@ -27,7 +27,7 @@ class PoolSampler(threading.Thread):
 
     def __init__(self, namespace: str, name: str):
         super().__init__(daemon=True)
-        from longctx_operator.kube import Kube
+        from longctx_operator.runtime.kube import Kube
         self.kube, self.namespace, self.name = Kube.from_environment(), namespace, name
         self.samples: list[Sample] = []
         self.stop = threading.Event()

@@ -17,9 +17,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from longctx_engine import api, contract
-from longctx_engine.roles import serving_plan
-from longctx_operator.desired import desired_objects
+from longctx_core import contract
+from longctx_core.api import spec as api
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.desired import desired_objects
 from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.test_reconcile import children
 from tests.conftest import REPO, example_cr, wait_for

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from longctx_engine import api
+from longctx_core.api import spec as api
 from tests.conftest import example_cr, wait_for
 from tests.engine import test_rules
 

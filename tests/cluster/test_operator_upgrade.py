@@ -10,15 +10,16 @@ import threading
 import pytest
 from kopf.testing import KopfRunner
 
-from longctx_engine import contract, faults, roles
-from longctx_engine.api import load_spec
-from longctx_engine.recipes import launch_document
-from longctx_engine.roles import serving_plan
+from longctx_core import contract
+from longctx_core.sizing import faults, roles
+from longctx_core.api.spec import load_spec
+from longctx_core.vllm_config.recipes import launch_document
+from longctx_core.sizing.roles import serving_plan
 from tests.cluster.real_engines import EXAMPLE
 from tests.conftest import kopf_settings, wait_for
 
 pytestmark = pytest.mark.cluster
-ARGS = ["run", "--all-namespaces", "--standalone", "-m", "longctx_operator.main"]
+ARGS = ["run", "--all-namespaces", "--standalone", "-m", "longctx_operator.runtime.main"]
 NAME = "upgrade"
 
 
@@ -61,7 +62,7 @@ def rolled_to(cluster, namespace: str, digests: dict[str, str]) -> bool:
 
 
 def digests(cr: dict, namespace: str) -> dict[str, str]:
-    from longctx_operator.builders.engine import config_digest
+    from longctx_operator.controller.builders.engine import config_digest
     cr = {**cr, "metadata": {**cr["metadata"], "namespace": namespace}}
     return {r.role: config_digest(cr, r) for r in serving_plan(load_spec(cr["spec"])).roles}
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from longctx_engine import contract
-from longctx_engine.api import load_spec
-from longctx_operator.builders.engine import pod_security_level
-from longctx_operator.builders.network_policy import engine_pods
+from longctx_core import contract
+from longctx_core.api.spec import load_spec
+from longctx_operator.controller.builders.engine import pod_security_level
+from longctx_operator.controller.builders.network_policy import engine_pods
 from tests.conftest import example_cr, wait_for
 
 pytestmark = pytest.mark.cluster

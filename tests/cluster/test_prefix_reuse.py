@@ -25,15 +25,15 @@ import grpc
 import pytest
 import yaml
 
-from longctx_engine import contract
-from longctx_operator.builders import picker
+from longctx_core import contract
+from longctx_operator.controller.builders import picker
 from tests.cluster import ext_proc
 from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
 from tests.cluster.real_engines import RealEngines, cpu_cr, http_json
 from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Turn, block_tokens, disaggregated,
                                     hit_rates_by_turn, later_turns_rate, random_routing,
                                     run_sessions)
-from tests.conftest import SESSION_DIR, wait_for
+from tests.conftest import REPO, SESSION_DIR, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -47,6 +47,7 @@ RANDOM_SEED = 34
 # Three engines start on the 2 cores at once (two in the other real-engine tests).
 THREE_ENGINES_READY_TIMEOUT = 600
 ROUTINGS = ("vllm-router cache_aware", "llm-d picker (GIE EPP)", "random")
+FIGURES = REPO / ".pytest_cache" / "prefix-reuse.txt"
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +175,19 @@ def _print_table(results: dict[str, list[Turn]], seconds: dict[str, float]) -> N
                     + " | ".join(f"{by_turn[name][n]:.2f}" for name in results) + " |")
     rows.append("| 2-4 | | " + " | ".join(f"{later_turns_rate(t):.2f}"
                                           for t in results.values()) + " |")
-    print("\n[prefix-reuse] prefix-cache hit rate (hits / queries of the prefill engines)\n"
-          + "\n".join(rows), file=sys.__stderr__)
+    lines = ["[prefix-reuse] prefix-cache hit rate (hits / queries of the prefill engines)",
+             *rows]
     for name, turns in results.items():
         nixl = sum(t.decode["external_kv_transfer"] for t in turns)
         local = sum(t.decode["local_cache_hit"] for t in turns)
-        print(f"[prefix-reuse] {name}: {len(turns)} requests in {seconds[name]:.1f} s; decode "
-              f"got {nixl:.0f} prompt tokens over NIXL, {local:.0f} from its own cache; "
-              "session/turn:prefill pod "
-              + " ".join(f"s{t.session}t{t.turn}:{t.pod[-1]}" for t in turns), file=sys.__stderr__)
+        lines.append(f"[prefix-reuse] {name}: {len(turns)} requests in {seconds[name]:.1f} s; "
+                     f"decode got {nixl:.0f} prompt tokens over NIXL, {local:.0f} from its own "
+                     "cache; session/turn:prefill pod "
+                     + " ".join(f"s{t.session}t{t.turn}:{t.pod[-1]}" for t in turns))
+    # pytest captures both streams of a passing test; the file keeps the figures for docs.
+    FIGURES.parent.mkdir(exist_ok=True)
+    FIGURES.write_text("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines), file=sys.__stderr__)
 
 
 def test_prefix_aware_routings_send_each_later_turn_to_its_prefix_holder(measured):

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from longctx_engine.api import load_spec
-from longctx_engine.planner import plan as capacity_plan
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.planner import plan as capacity_plan
 from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
                                         measured_request, metrics, words)
 from tests.conftest import SESSION_DIR, wait_for

@@ -8,14 +8,14 @@ import time
 import pytest
 from kopf.testing import KopfRunner
 
-from longctx_engine import api
-from longctx_engine.roles import serving_plan
-from longctx_operator.desired import desired_objects
+from longctx_core.api import spec as api
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
-ARGS = ["run", "--all-namespaces", "--standalone", "-m", "longctx_operator.main"]
+ARGS = ["run", "--all-namespaces", "--standalone", "-m", "longctx_operator.runtime.main"]
 
 
 def test_operator_restart_mid_reconcile_converges_without_duplicates(cluster, namespace):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from longctx_engine import contract
+from longctx_core import contract
 from tests.cluster.controlplane import h200_node
 from tests.cluster.kwok_stages import CRASH_IMAGE, LOAD_IMAGE, LOAD_IMAGE_2
 from tests.cluster.sampling import SAMPLE_SECONDS, PoolSampler

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from longctx_engine import contract
+from longctx_core import contract
 from tests.cluster.test_rbac import ServiceAccountOperator
 from tests.cluster.test_rollout import rollout_cr, settled_on, status
 from tests.cluster.kwok_stages import LOAD_IMAGE, LOAD_IMAGE_2

@@ -124,9 +124,10 @@ def test_router_objects_exist_with_ports_labels_args_and_are_collected(cluster, 
 def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, namespace):
     """The picker makes one endpoint per (pod, pool target port) unless the pod lists its
     ports in llm-d.ai/active-ports: a PCP8 prefill pod serves one port of the eight."""
-    from longctx_engine import api, contract
-    from longctx_engine.roles import serving_plan
-    from longctx_operator.builders import router
+    from longctx_core import contract
+    from longctx_core.api import spec as api
+    from longctx_core.sizing.roles import serving_plan
+    from longctx_operator.controller.builders import router
 
     cr = example_cr("glm")
     _apply_and_wait(cluster, namespace, cr)
@@ -254,10 +255,11 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
 
     The serving pods are created here on a node kwok does not manage, with loopback pod IPs
     (127.0.0.42-44), so whatever the picker dials stays on this machine."""
-    from longctx_engine import api, contract
-    from longctx_engine.revision import pairing_key
-    from longctx_engine.roles import serving_plan
-    from longctx_operator.builders import router
+    from longctx_core import contract
+    from longctx_core.api import spec as api
+    from longctx_core.vllm_config.revision import pairing_key
+    from longctx_core.sizing.roles import serving_plan
+    from longctx_operator.controller.builders import router
 
     binary = upstream_picker()
     cr = _no_engine_pods_cr()

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_engine import faults
-from longctx_engine.hardware import H200
-from longctx_engine.cost_terms import model_shape
-from longctx_engine.performance import summary_at_max_context
-from longctx_engine.phase_timing import prefill
-from longctx_engine.planner import role_layouts
+from longctx_core.sizing import faults
+from longctx_core.sizing.hardware import H200
+from longctx_core.sizing.cost_terms import model_shape
+from longctx_core.sizing.performance import summary_at_max_context
+from longctx_core.sizing.phase_timing import prefill
+from longctx_core.sizing.planner import role_layouts
 
 from .test_vllm_contract import parse
 from .variants import VARIANTS, Variant, spec_with

@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 import yaml
 
-from longctx_engine.api import LongContextDeploymentSpec, load_spec
-from longctx_engine.identity import PodIdentity
-from longctx_engine.recipes import EngineCommand
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import pod_command
+from longctx_core.api.spec import LongContextDeploymentSpec, load_spec
+from longctx_core.vllm_config.identity import PodIdentity
+from longctx_core.vllm_config.recipes import EngineCommand
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import pod_command
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from longctx_engine.compat import hma_problem, pd_compatibility
-from longctx_engine.recipes import EngineCommand
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import pod_command
+from longctx_core.vllm_config.compat import hma_problem, pd_compatibility
+from longctx_core.vllm_config.recipes import EngineCommand
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import pod_command
 from tests.contract.variants import pod, seed_spec as spec_with
 
 

@@ -8,13 +8,13 @@ import copy
 import pytest
 import yaml
 
-from longctx_engine import cpu_platform
-from longctx_engine.api import load_spec
-from longctx_engine.planner import plan
-from longctx_engine.quantity import GiB
-from longctx_engine.roles import serving_plan
-from longctx_engine.rules import problems
-from longctx_engine.recipes import launch_document
+from longctx_core.sizing import cpu_platform
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.planner import plan
+from longctx_core.launcher.quantity import GiB
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.sizing.rules import problems
+from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import REPO
 
 EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"

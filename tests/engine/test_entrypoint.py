@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from longctx_engine import entrypoint, launch
-from longctx_engine.contract import CONFIG_DIR, launch_key
-from longctx_engine.precheck import HostProbe
-from longctx_engine.quantity import GiB
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import launch_document
+from longctx_core.launcher import entrypoint, launch
+from longctx_core.contract import CONFIG_DIR, launch_key
+from longctx_core.launcher.precheck import HostProbe
+from longctx_core.launcher.quantity import GiB
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with
 
 ENV = {"POD_NAME": "glm-decode-abc-1", "POD_NAMESPACE": "llm", "POD_IP": "10.2.3.4",
@@ -142,7 +142,7 @@ def test_cli_dry_run_prints_what_render_wrote(tmp_path):
                            env={**os.environ})
         assert r.returncode == 0, r.stderr
         doc.write_text(r.stdout)
-        r = subprocess.run([sys.executable, "-m", "longctx_engine.entrypoint", "run",
+        r = subprocess.run([sys.executable, "-m", "longctx_core.launcher.entrypoint", "run",
                             str(doc), "--dry-run"], capture_output=True, text=True,
                            env={"PYTHONPATH": str(REPO / "engine"), "PATH": os.environ["PATH"]})
         assert r.returncode == 0, r.stderr

@@ -9,10 +9,12 @@ import re
 
 import pytest
 
-from longctx_engine import api_roles, kv_sizing, memory, models, planner, quantity, schema
-from longctx_engine.identity import PodIdentity
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import pod_command
+from longctx_core.api import role_types as api_roles, schema
+from longctx_core.launcher import quantity
+from longctx_core.sizing import kv_sizing, memory, models, planner
+from longctx_core.vllm_config.identity import PodIdentity
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import pod_command
 from tests.engine.test_planner import ONE_M, spec_with
 
 GLM = models.PRESETS["glm-5.3"]

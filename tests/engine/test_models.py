@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_engine import api, api_model, models
-from longctx_engine.quantity import GiB, parse_bytes
+from longctx_core.api import model_types as api_model, spec as api
+from longctx_core.sizing import models
+from longctx_core.launcher.quantity import GiB, parse_bytes
 
 
 @pytest.mark.parametrize("name, layers, mtp, heads, index_layers, index_heads", [

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from longctx_engine import (api, cost_terms, hardware, kv_sizing, models, performance,
-                            phase_timing, planner)
-from longctx_engine.hardware import H200
-from longctx_engine.plan_report import render_performance_line
+from longctx_core.api import spec as api
+from longctx_core.sizing import (cost_terms, hardware, kv_sizing, models, performance,
+                                 phase_timing, planner)
+from longctx_core.sizing.hardware import H200
+from longctx_core.sizing.plan_report import render_performance_line
 
 from .test_planner import DP8_PREFILL, example_spec, spec_with
 

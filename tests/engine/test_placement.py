@@ -3,8 +3,8 @@ the operator's GPU-shortage message all select nodes through it."""
 
 from __future__ import annotations
 
-from longctx_engine import placement
-from longctx_engine.api_operations import Placement
+from longctx_core.sizing import placement
+from longctx_core.api.operation_types import Placement
 
 
 def test_a_node_needs_the_gpu_product_and_every_node_selector_label():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from longctx_engine import planner
-from longctx_engine.plan_report import render_json, render_table
+from longctx_core.sizing import planner
+from longctx_core.sizing.plan_report import render_json, render_table
 
 from .test_planner import DP8_PREFILL, example_spec, spec_with
 
@@ -62,8 +62,8 @@ def test_table_marks_an_overridden_budget():
 def test_explicit_architecture_is_named():
     raw = example_spec()
     preset = raw["model"].pop("preset")
-    from longctx_engine import models
+    from longctx_core.sizing import models
     arch = models.PRESETS[preset]
     raw["model"]["architecture"] = {k: v for k, v in arch.__dict__.items() if v is not None}
-    from longctx_engine.api import load_spec
+    from longctx_core.api.spec import load_spec
     assert "explicit architecture" in render_table(planner.plan(load_spec(raw)))

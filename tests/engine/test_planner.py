@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from longctx_engine import api, api_model, host_memory, kv_sizing, models, placement, planner
-from longctx_engine.api import load_spec
-from longctx_engine.layout import Layout
-from longctx_engine.quantity import GiB
+from longctx_core.api import model_types as api_model, spec as api
+from longctx_core.sizing import host_memory, kv_sizing, models, placement, planner
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.layout import Layout
+from longctx_core.launcher.quantity import GiB
 from tests.contract.variants import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]

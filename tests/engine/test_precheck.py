@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import types
 
-from longctx_engine import precheck
-from longctx_engine.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
+from longctx_core.launcher import precheck
+from longctx_core.launcher.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
                                      check_shm, check_vllm_version, run_prechecks)
-from longctx_engine.quantity import GiB
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import launch_document
+from longctx_core.launcher.quantity import GiB
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import seed_spec as spec_with
 
 SPEC = spec_with()

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import api, api_serving, kv_sizing, models, planner
-from longctx_engine.layout import Layout
-from longctx_engine.prefix_index import (derived_lru_capacity, gpu_tokens_per_rank,
+from longctx_core.api import serving_types as api_serving, spec as api
+from longctx_core.sizing import kv_sizing, models, planner
+from longctx_core.sizing.layout import Layout
+from longctx_core.sizing.prefix_index import (derived_lru_capacity, gpu_tokens_per_rank,
                                          prefix_index, rank_tokens)
-from longctx_engine.quantity import GiB
-from longctx_engine.schema import object_schema
+from longctx_core.launcher.quantity import GiB
+from longctx_core.api.schema import object_schema
 from tests.contract.variants import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from longctx_engine import contract, rules
-from longctx_engine.identity import PodIdentity
-from longctx_engine.quantity import GiB
-from longctx_engine.roles import role_plan, serving_plan
-from longctx_engine.rules import RecipeError
-from longctx_engine.recipes import pod_command
+from longctx_core import contract
+from longctx_core.sizing import rules
+from longctx_core.vllm_config.identity import PodIdentity
+from longctx_core.launcher.quantity import GiB
+from longctx_core.sizing.roles import role_plan, serving_plan
+from longctx_core.sizing.rules import RecipeError
+from longctx_core.vllm_config.recipes import pod_command
 from tests.contract.variants import REPO, pod, seed_spec as spec_with
 
 TARGET_PREFILL = (
@@ -268,12 +269,12 @@ def test_pvc_model_is_linked_not_renamed():
 def test_container_command_is_the_console_script():
     assert list(contract.ENGINE_CONTAINER_COMMAND) == ["longctx-engine", "run"]
     text = (REPO / "pyproject.toml").read_text()
-    assert 'longctx-engine = "longctx_engine.entrypoint:main"' in text
+    assert 'longctx-engine = "longctx_core.launcher.entrypoint:main"' in text
 
 
 def test_engine_package_imports_neither_vllm_nor_torch():
-    code = ("import sys; import longctx_engine.recipes, longctx_engine.compat, "
-            "longctx_engine.precheck, longctx_engine.entrypoint; "
+    code = ("import sys; import longctx_core.vllm_config.recipes, longctx_core.vllm_config.compat, "
+            "longctx_core.launcher.precheck, longctx_core.launcher.entrypoint; "
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -284,15 +285,15 @@ def test_engine_package_imports_neither_vllm_nor_torch():
 def test_launcher_imports_no_planner_model_or_api():
     """The pod runs what the operator rendered: the launcher loads no code that could
     compute it again (and so cannot disagree with the operator that rendered it)."""
-    code = ("import sys, json; import longctx_engine.entrypoint; "
+    code = ("import sys, json; import longctx_core.launcher.entrypoint; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('longctx_'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={"PYTHONPATH": str(REPO / "engine")})
     assert r.returncode == 0, r.stderr
     loaded = set(json.loads(r.stdout))
-    assert loaded == {"longctx_engine", "longctx_engine.contract", "longctx_engine.entrypoint",
-                      "longctx_engine.launch", "longctx_engine.precheck",
-                      "longctx_engine.quantity"}, loaded
+    assert loaded == {"longctx_core", "longctx_core.contract", "longctx_core.launcher", "longctx_core.launcher.entrypoint",
+                      "longctx_core.launcher.launch", "longctx_core.launcher.precheck",
+                      "longctx_core.launcher.quantity"}, loaded
 
 
 def test_operator_package_imports_neither_vllm_nor_torch():

@@ -8,8 +8,9 @@ from typing import Callable
 import celpy
 import pytest
 
-from longctx_engine import api, rules
-from longctx_engine.schema import Rule
+from longctx_core.api import spec as api
+from longctx_core.sizing import rules
+from longctx_core.api.schema import Rule
 from tests.contract.variants import seed_spec, spec_with
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from longctx_engine import scaling
-from longctx_engine.layout import role_layout
-from longctx_engine.roles import serving_plan
+from longctx_core.sizing import scaling
+from longctx_core.sizing.layout import role_layout
+from longctx_core.sizing.roles import serving_plan
 from tests.contract.variants import spec_with
 
 

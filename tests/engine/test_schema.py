@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_engine import api_fields
-from longctx_engine.schema import Rule
+from longctx_core.api import fields as api_fields
+from longctx_core.api.schema import Rule
 
 
 def test_matches_is_re2_search_and_literals_are_text():

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from longctx_engine import suggest
-from longctx_engine.quantity import GiB
-from longctx_engine.rules import problems
+from longctx_core.sizing import suggest
+from longctx_core.launcher.quantity import GiB
+from longctx_core.sizing.rules import problems
 from longctx_operator import cli
 from tests.engine.test_planner import EXAMPLE, spec_with
 

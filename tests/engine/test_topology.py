@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from longctx_engine.host_memory import NodeMemory
-from longctx_engine.topology import topology_plan
+from longctx_core.sizing.host_memory import NodeMemory
+from longctx_core.sizing.topology import topology_plan
 from tests.contract.variants import spec_with
 
 KEY = "example.com/rack"

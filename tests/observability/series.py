@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from longctx_operator.rollout import PHASES as ROLLOUT_PHASES
+from longctx_operator.controller.rollout import PHASES as ROLLOUT_PHASES
 
 START = 1767225600          # 2026-01-01T00:00:00Z, fixed so the images are reproducible
 MINUTES = 60

@@ -10,9 +10,9 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from longctx_engine import contract
-from longctx_engine.planner import plan as capacity_plan
-from longctx_operator.builders import autoscaling
+from longctx_core import contract
+from longctx_core.sizing.planner import plan as capacity_plan
+from longctx_operator.controller.builders import autoscaling
 from tests.contract.variants import spec_with
 from tests.observability import prom
 from tests.operator.test_autoscaling import CR, _spec

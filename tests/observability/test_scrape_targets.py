@@ -16,11 +16,12 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from longctx_engine import api, contract
-from longctx_engine.identity import PodIdentity
-from longctx_engine.roles import serving_plan
-from longctx_engine.recipes import pod_command
-from longctx_operator.desired import desired_objects
+from longctx_core import contract
+from longctx_core.api import spec as api
+from longctx_core.vllm_config.identity import PodIdentity
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.vllm_config.recipes import pod_command
+from longctx_operator.controller.desired import desired_objects
 from tests.helm.chart import by_kind, documents, helm_binary, template_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,12 +4,12 @@ tests/observability/test_capacity_rules.py (it builds Prometheus from Go sources
 
 from __future__ import annotations
 
-from longctx_engine import contract
-from longctx_engine.planner import plan as capacity_plan
-from longctx_engine.roles import serving_plan
-from longctx_operator.builders import autoscaling
-from longctx_operator.builders.engine import pod_monitor
-from longctx_operator.desired import desired_objects
+from longctx_core import contract
+from longctx_core.sizing.planner import plan as capacity_plan
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.builders import autoscaling
+from longctx_operator.controller.builders.engine import pod_monitor
+from longctx_operator.controller.desired import desired_objects
 from tests.contract.variants import spec_with
 from tests.observability import sources
 

@@ -6,11 +6,11 @@ import contextlib
 import json
 import threading
 
-from longctx_engine import contract
-from longctx_engine.roles import serving_plan
-from longctx_operator.cache import Reflector, Store
-from longctx_operator.desired import desired_objects
-from longctx_operator.reconcile import matches
+from longctx_core import contract
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.runtime.cache import Reflector, Store
+from longctx_operator.controller.desired import desired_objects
+from longctx_operator.controller.reconcile import matches
 from tests.contract.variants import spec_with
 
 KIND = contract.KIND_BY_NAME["StatefulSet"]

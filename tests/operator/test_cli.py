@@ -74,8 +74,9 @@ def test_crd_command_prints_the_committed_crd():
 
 
 def test_plain_plan_is_the_capacity_table_plus_one_performance_line():
-    from longctx_engine import api, performance, planner
-    from longctx_engine.plan_report import render_performance_line, render_table
+    from longctx_core.api import spec as api
+    from longctx_core.sizing import performance, planner
+    from longctx_core.sizing.plan_report import render_performance_line, render_table
 
     spec = api.load_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
     expected = render_table(planner.plan(spec)) + render_performance_line(

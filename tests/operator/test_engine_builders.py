@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from longctx_engine.api import load_spec
-from longctx_engine.quantity import parse_bytes
-from longctx_engine.roles import role_plan, serving_plan
-from longctx_operator.builders.engine import (pod_monitor, revision_objects,
+from longctx_core.api.spec import load_spec
+from longctx_core.launcher.quantity import parse_bytes
+from longctx_core.sizing.roles import role_plan, serving_plan
+from longctx_operator.controller.builders.engine import (pod_monitor, revision_objects,
                                               shared_engine_objects)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,9 +127,9 @@ def test_pdb_per_role_and_pod_monitor():
 
 
 def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
-    from longctx_engine.revision import pairing_key
-    from longctx_operator.builders.router import router_objects
-    from longctx_engine.contract import PAIRING_LABEL
+    from longctx_core.vllm_config.revision import pairing_key
+    from longctx_operator.controller.builders.router import router_objects
+    from longctx_core.contract import PAIRING_LABEL
 
     def keys(cr):
         objs = objects(cr)

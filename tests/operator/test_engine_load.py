@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from longctx_operator import engine_load
+from longctx_operator.controller import engine_load
 
 NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 

@@ -17,9 +17,9 @@ import kubernetes
 import pytest
 import urllib3
 
-from longctx_engine.contract import FIELD_MANAGER
-from longctx_operator import metrics
-from longctx_operator.kube import Kube, KubeError
+from longctx_core.contract import FIELD_MANAGER
+from longctx_operator.runtime import metrics
+from longctx_operator.runtime.kube import Kube, KubeError
 
 STS = "/apis/apps/v1/namespaces/llm/statefulsets/glm-decode"
 

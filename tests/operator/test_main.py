@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from longctx_operator.main import WorkQueue
+from longctx_operator.runtime.main import WorkQueue
 
 
 def wait_idle(queue: WorkQueue, timeout: float = 5.0) -> None:

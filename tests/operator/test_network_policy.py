@@ -8,13 +8,13 @@ from pathlib import Path
 
 import yaml
 
-from longctx_engine import contract
-from longctx_engine.api import load_spec
-from longctx_engine.roles import serving_plan
-from longctx_operator.builders.engine import (engine_security_context, pod_security_level,
+from longctx_core import contract
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.builders.engine import (engine_security_context, pod_security_level,
                                               revision_objects)
-from longctx_operator.builders.network_policy import OPERATOR_LABELS, network_policy
-from longctx_operator.desired import desired_objects
+from longctx_operator.controller.builders.network_policy import OPERATOR_LABELS, network_policy
+from longctx_operator.controller.desired import desired_objects
 
 REPO = Path(__file__).resolve().parents[2]
 CR = yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())

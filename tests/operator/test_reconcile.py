@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_engine import contract
-from longctx_engine.revision import pairing_key
-from longctx_engine.roles import serving_plan
-from longctx_engine.rules import RecipeError
-from longctx_engine.recipes import launch_document
-from longctx_operator.desired import desired_objects
-from longctx_operator.engine_documents import check_pair
+from longctx_core import contract
+from longctx_core.vllm_config.revision import pairing_key
+from longctx_core.sizing.roles import serving_plan
+from longctx_core.sizing.rules import RecipeError
+from longctx_core.vllm_config.recipes import launch_document
+from longctx_operator.controller.desired import desired_objects
+from longctx_operator.controller.engine_documents import check_pair
 from tests.contract.variants import spec_with
 
 

@@ -9,11 +9,11 @@ import datetime
 
 import pytest
 
-from longctx_engine import contract
-from longctx_engine.api import load_spec
-from longctx_engine.roles import serving_plan
-from longctx_operator import rollout
-from longctx_operator.builders.engine import revision_objects
+from longctx_core import contract
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller import rollout
+from longctx_operator.controller.builders.engine import revision_objects
 from tests.conftest import example_cr
 from tests.contract.variants import deep_merge
 

@@ -10,9 +10,9 @@ from typing import Any, Optional
 
 import pytest
 
-from longctx_engine import contract
-from longctx_operator import rollout
-from longctx_operator.rollout import (BLOCKED, DRAINING, DRAINING_ANNOTATION, FAILED,
+from longctx_core import contract
+from longctx_operator.controller import rollout
+from longctx_operator.controller.rollout import (BLOCKED, DRAINING, DRAINING_ANNOTATION, FAILED,
                                       IDLE_CONFIRM_SECONDS, PROGRESSING, RECREATING, STEADY,
                                       DrainLoad, Policy)
 

@@ -1,4 +1,4 @@
-"""Unit tests of the router builders (operator/longctx_operator/builders/router.py and picker.py).
+"""Unit tests of the router builders (operator/longctx_operator/controller/builders/router.py and picker.py).
 
 The EndpointPickerConfig is also checked against the picker's published Go types, decoded
 strictly as the picker does (llm-d-router apix/config/v1alpha1 and each plugin's parameter
@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from longctx_engine import api, planner
-from longctx_engine.prefix_index import rank_tokens
-from longctx_engine.revision import pairing_key
-from longctx_engine import contract
-from longctx_engine.roles import serving_plan
-from longctx_operator.builders import picker, router
-from longctx_operator.builders.digest import content_digest
+from longctx_core.api import spec as api
+from longctx_core.sizing import planner
+from longctx_core.sizing.prefix_index import rank_tokens
+from longctx_core.vllm_config.revision import pairing_key
+from longctx_core import contract
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.builders import picker, router
+from longctx_operator.controller.builders.digest import content_digest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"

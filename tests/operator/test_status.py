@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from longctx_operator.status import Observed, Refusal, compute_status, status_changed
+from longctx_operator.controller.status import Observed, Refusal, compute_status, status_changed
 
 CR = {"metadata": {"name": "glm", "generation": 2}, "spec": {"maxContextTokens": 1048576}}
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from longctx_engine import contract
-from longctx_engine.api import load_spec
-from longctx_engine.roles import serving_plan
-from longctx_operator.builders import vllm_router
+from longctx_core import contract
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.roles import serving_plan
+from longctx_operator.controller.builders import vllm_router
 
 REPO = Path(__file__).resolve().parents[2]
 CR = yaml.safe_load((REPO / "examples" / "tiny-mla-cpu.yaml").read_text())

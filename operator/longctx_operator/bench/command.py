@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .trace import TraceParams, corpus_of_words, read_traces, synthesize
+from longctx_operator.bench.trace import TraceParams, corpus_of_words, read_traces, synthesize
 
 REPO = Path(__file__).resolve().parents[3]
 BENCH_ENV_SCRIPT = REPO / "tools" / "bench-env.sh"
@@ -123,9 +123,9 @@ def _engines(items: list[str], target: int) -> dict[str, list[str]]:
 
 
 def _load(path: str) -> tuple[dict[str, Any], Any]:
-    from longctx_engine import api
+    from longctx_core.api import spec as api
 
-    from ..manifests import read_manifest
+    from longctx_operator.manifests import read_manifest
     cr = read_manifest(path)
     return cr, api.load_spec(cr.get("spec"))
 
@@ -133,7 +133,7 @@ def _load(path: str) -> tuple[dict[str, Any], Any]:
 def run_one(args: argparse.Namespace, index: int, file: str | None, url: str,
             out: Path) -> dict[str, Any]:
     """One deployment at every concurrency; writes out/report.json and out/report.png."""
-    from . import measure, report
+    from longctx_operator.bench import measure, report
 
     cr, spec = _load(file) if file else (None, None)
     model = args.model or (cr["spec"]["model"].get("servedName") or cr["spec"]["model"]["name"]
@@ -175,7 +175,7 @@ def run_one(args: argparse.Namespace, index: int, file: str | None, url: str,
 
 
 def _sweep(args: argparse.Namespace, out: Path) -> int:
-    from .figures import ratio_at_equal_throughput
+    from longctx_operator.bench.figures import ratio_at_equal_throughput
 
     if args.report:
         reports = [json.loads(Path(p).read_text()) for p in args.report]
@@ -209,11 +209,11 @@ def _sweep(args: argparse.Namespace, out: Path) -> int:
 
 
 def _render_or_create(args: argparse.Namespace) -> int:
-    from longctx_engine.roles import serving_plan
+    from longctx_core.sizing.roles import serving_plan
 
-    from ..manifests import ManifestDumper
-    from . import job
-    from .trace import write_jsonl
+    from longctx_operator.manifests import ManifestDumper
+    from longctx_operator.bench import job
+    from longctx_operator.bench.trace import write_jsonl
 
     cr, spec = _load(args.file[0])
     plan = serving_plan(spec, cr["metadata"]["name"])
@@ -259,7 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.url:
         raise SystemExit("error: give -f CR.yaml (a Job) or --url URL (run here)")
     full = run_one(args, 1, args.file[0] if args.file else None, args.url[0], out)
-    from .report import table
+    from longctx_operator.bench.report import table
     print(table(full), end="", file=sys.stderr if args.emit_json else sys.stdout)
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", file=sys.stderr)
     if args.emit_json:

@@ -54,7 +54,7 @@ def addresses(url: str) -> list[str]:
     return [f"{parts.scheme}://{a if ':' not in a else f'[{a}]'}:{port}" for a in found]
 
 
-def scrape(urls: list[str], timeout: float = 10) -> dict[str, float]:
+def scrape(urls: list[str], timeout: float = 30) -> dict[str, float]:
     """The summed counters of every engine behind `urls` (each scraped at /metrics)."""
     total = dict.fromkeys(COUNTERS, 0.0)
     for url in urls:

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from longctx_engine import contract
-from longctx_engine.roles import ServingPlan
+from longctx_core import contract
+from longctx_core.sizing.roles import ServingPlan
 
 BENCH_IMAGE = "ghcr.io/longctx/bench:0.1.0"
 TRACE_KEY = "trace.jsonl"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import engine_metrics, tool
-from .figures import counter_deltas, figures
+from longctx_operator.bench import engine_metrics, tool
+from longctx_operator.bench.figures import counter_deltas, figures
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _progress_line(target: Target, concurrency: int, start: dict[str, float],
 def _progress_counters(target: Target) -> dict[str, float]:
     """Requests finish on decode (P/D) or on the only role there is."""
     urls = target.engines.get("decode") or [u for us in target.engines.values() for u in us]
-    return engine_metrics.scrape(urls)
+    return engine_metrics.scrape(urls, timeout=5)
 
 
 def run_concurrency(target: Target, traces: list[dict[str, Any]], concurrency: int,
@@ -76,7 +76,10 @@ def run_concurrency(target: Target, traces: list[dict[str, Any]], concurrency: i
             break
         time.sleep(0.5)
         if first is not None and time.monotonic() - last_at >= progress_every_s:
-            now = _progress_counters(target)
+            try:
+                now = _progress_counters(target)
+            except OSError:   # progress is best effort; the before/after scrapes are not
+                continue
             say(_progress_line(target, concurrency, first, last, now, time.monotonic() - last_at))
             last, last_at = now, time.monotonic()
     after = engine_metrics.by_role(target.engines)

@@ -12,9 +12,9 @@ import hashlib
 import json
 from typing import Any
 
-from longctx_engine import performance
-from longctx_engine.api import LongContextDeploymentSpec
-from longctx_engine.planner import role_layouts
+from longctx_core.sizing import performance
+from longctx_core.api.spec import LongContextDeploymentSpec
+from longctx_core.sizing.planner import role_layouts
 
 REPORT_VERSION = "longctx.dev/bench/v1"
 

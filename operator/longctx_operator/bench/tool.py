@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from .figures import Request
-from .trace import flat_requests
+from longctx_operator.bench.figures import Request
+from longctx_operator.bench.trace import flat_requests
 
 TOOL = "inference-perf"
 # The longest a stage may run; a bounded benchmark sets its own, shorter, --timeout.

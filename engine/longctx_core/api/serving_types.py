@@ -1,0 +1,93 @@
+"""How requests reach the engines and KV moves between them: spec.disaggregation, the prefix
+cache, spec.router and spec.kvTransfer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from longctx_core.api.fields import MAX_IMAGE_LENGTH, image_rule
+from longctx_core.contract import NIXL_SIDE_CHANNEL_PORT
+from longctx_core.api.schema import APIObject, api_field
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixCache(APIObject):
+    """Approximate prefix-cache routing in the endpoint picker."""
+
+    blockSize: int = api_field("Tokens per hashed prefix block.", 64, minimum=1)
+    maxPrefixTokensToMatch: Optional[int] = api_field(
+        "Longest prefix the picker hashes (default: maxContextTokens, one whole context).",
+        None, minimum=1)
+    lruCapacityPerServer: Optional[int] = api_field(
+        "Prefix blocks the picker remembers per server (default: derived from the capacity "
+        "plan, the blocks the largest engine rank holds across GPU KV, CPU offload and "
+        "HiSparse host pool; docs/router.md#prefix-index-sizing).", None, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disaggregation(APIObject):
+    """When a request goes through prefill before decode."""
+
+    decider: str = api_field("always: every request is prefilled remotely; prefix-based: only "
+                             "when enough tokens are not cached on the decode pod.", "always",
+                             enum=("always", "prefix-based"))
+    nonCachedTokens: int = api_field("prefix-based: prefill remotely above this many uncached "
+                                     "tokens.", 16, minimum=0)
+    promptTokens: int = api_field("prefix-based: only prompts at least this long (0: any).", 0,
+                                  minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayRef(APIObject):
+    """A Gateway API Gateway to attach an HTTPRoute to."""
+
+    name: str = api_field("Gateway name.")
+    namespace: Optional[str] = api_field("Gateway namespace (default: the CR's).", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Router(APIObject):
+    """The prefix-aware router in front of the engines: llm-d's (InferencePool, endpoint
+    picker, decode routing sidecar) or vLLM's own (vllm-router)."""
+
+    enabled: bool = api_field("Deploy the router objects.", True)
+    type: str = api_field(
+        "llm-d: an InferencePool, llm-d's endpoint picker and the decode routing sidecar. "
+        "vllm-router: a Deployment and Service of vLLM's router, which discovers the serving "
+        "revision's prefill and decode pods by label and drives the P/D legs itself.",
+        "llm-d", enum=("llm-d", "vllm-router"))
+    vllmRouterImage: str = api_field(
+        "vllm-router image.", "ghcr.io/longctx/vllm-router:0.1.17",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "vllmRouterImage", "ghcr.io/longctx/vllm-router:0.1.17"),))
+    pickerImage: str = api_field(
+        "Endpoint picker image.", "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "pickerImage", "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"),))
+    sidecarImage: str = api_field(
+        "Decode routing sidecar image.", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0",
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
+            "sidecarImage", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"),))
+    prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
+    disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
+    gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RDMA(APIObject):
+    """An RDMA device resource requested by every engine pod."""
+
+    resource: str = api_field("Extended resource name.", "rdma/ib")
+    count: int = api_field("Devices per pod.", 1, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVTransfer(APIObject):
+    """NIXL KV transfer from prefill to decode."""
+
+    backend: str = api_field("NIXL backend.", "UCX", enum=("UCX", "LIBFABRIC"))
+    sideChannelPort: int = api_field("Base NIXL side-channel port; rank i listens on base+i.",
+                                     NIXL_SIDE_CHANNEL_PORT,
+                                     minimum=1024, maximum=65000)
+    rdma: Optional[RDMA] = api_field("RDMA resource; unset means TCP (slow, for tests).", None)

@@ -1,0 +1,97 @@
+"""The per-role plan: everything one role's objects and engines are built from, computed
+once from a spec and passed down (to the operator's builders, the entrypoint, the checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from longctx_core import contract
+from longctx_core.api.spec import LongContextDeploymentSpec, dump_spec, load_spec
+from longctx_core.vllm_config.revision import pairing_key
+from longctx_core.sizing.faults import FaultSettings, fault_settings
+from longctx_core.sizing.layout import EnginePorts, Layout, engine_ports, role_layout
+from longctx_core.sizing.performance import summary_at_max_context
+from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
+from longctx_core.sizing.rules import RecipeError, validate
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    spec: LongContextDeploymentSpec
+    role: str
+    layout: Layout
+    ports: EnginePorts
+    memory: PodMemory
+    pairing_key: str
+    faults: FaultSettings       # the data path's timeouts and failure policy (faults.py)
+
+    @property
+    def hisparse(self) -> bool:
+        return hisparse_enabled(self.spec, self.role)
+
+    @property
+    def replicas(self) -> int:
+        return self.layout.replicas
+
+    @property
+    def revision(self) -> str:
+        return self.pairing_key
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Both roles of one spec."""
+
+    spec: LongContextDeploymentSpec
+    prefill: RolePlan
+    decode: RolePlan
+    # The performance model at maxContextTokens (None for an explicit architecture).
+    prediction: Optional[dict[str, Any]] = None
+
+    @property
+    def roles(self) -> tuple[RolePlan, RolePlan]:
+        return self.prefill, self.decode
+
+    def role(self, name: str) -> RolePlan:
+        if name not in contract.ROLES:
+            raise RecipeError(f"role must be one of {', '.join(contract.ROLES)}, got {name!r}")
+        return self.prefill if name == "prefill" else self.decode
+
+    @property
+    def revision(self) -> str:
+        return self.prefill.pairing_key
+
+    @property
+    def pool_target_ports(self) -> tuple[int, ...]:
+        """InferencePool target ports: the union of both roles' serving ports."""
+        return tuple(sorted(set(self.prefill.ports.serving) | set(self.decode.ports.serving)))
+
+
+def role_plan(spec: LongContextDeploymentSpec, role: str,
+              faults: FaultSettings | None = None) -> RolePlan:
+    layout = role_layout(spec, role)
+    return RolePlan(spec=spec, role=role, layout=layout,
+                    ports=engine_ports(layout, spec.kvTransfer.sideChannelPort,
+                                       spec.router.type == "llm-d"),
+                    memory=pod_memory(spec, layout), pairing_key=pairing_key(spec),
+                    faults=faults or fault_settings(spec))
+
+
+def serving_plan(spec: LongContextDeploymentSpec, cr_name: str | None = None) -> ServingPlan:
+    """The plan of a valid spec; raises rules.RecipeError naming every problem."""
+    validate(spec, cr_name)
+    faults, prediction = _priced(json.dumps(dump_spec(spec), sort_keys=True))
+    return ServingPlan(spec, *(role_plan(spec, role, faults) for role in contract.ROLES),
+                       prediction=prediction)
+
+
+@functools.lru_cache(maxsize=256)
+def _priced(spec_json: str) -> tuple[FaultSettings, Optional[dict[str, Any]]]:
+    """What the performance model says of a spec, once per distinct spec (it is pure, and
+    the dearest part of a plan: every reconcile of an unchanged CR reuses it)."""
+    spec = load_spec(json.loads(spec_json))
+    return fault_settings(spec), summary_at_max_context(spec)

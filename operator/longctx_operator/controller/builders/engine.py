@@ -1,0 +1,299 @@
+"""Pure builders: the per-role plans of a spec -> the objects of its revision (each role's
+StatefulSet and PodDisruptionBudget, the engine ConfigMap) and the role's headless Service,
+which every revision shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longctx_core import contract
+from longctx_core.sizing import cpu_platform
+from longctx_core.launcher.quantity import format_bytes
+from longctx_core.sizing.roles import RolePlan, ServingPlan
+
+from longctx_operator.controller.builders.digest import content_digest
+from longctx_operator.controller.builders.router import pod_annotations, routing_sidecar
+from longctx_core.vllm_config.recipes import launch_document
+
+# Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
+TERMINATION_GRACE_SECONDS = 120
+PROBE_PERIOD_SECONDS = 10
+# CPU cores per pod: tokenizers, API servers, the offload and HiSparse copy threads.
+CPU_PER_GPU = 12
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _meta(cr: dict[str, Any], name: str, component: str,
+          revision: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": cr["metadata"]["namespace"],
+            "labels": contract.labels(cr["metadata"]["name"], component, revision),
+            "ownerReferences": [contract.owner_reference(cr)]}
+
+
+def launch_documents(cr: dict[str, Any], plan: ServingPlan) -> dict[str, str]:
+    """Each role's launch document, by its ConfigMap key: what the role's pods run."""
+    meta = cr["metadata"]
+    return {contract.launch_key(role.role):
+            launch_document(role, meta["name"], meta["namespace"]).to_json()
+            for role in plan.roles}
+
+
+def engine_configmap(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
+    meta = cr["metadata"]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(cr, contract.engine_configmap(meta["name"], plan.revision),
+                              contract.ENGINE_CONFIG_COMPONENT, plan.revision),
+            "data": launch_documents(cr, plan)}
+
+
+def headless_service(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
+    name = cr["metadata"]["name"]
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(cr, contract.headless_service(name, role.role), role.role),
+        "spec": {
+            "clusterIP": "None",
+            # Data-parallel ranks find pod 0 of their group before any pod is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": contract.selector_labels(name, role.role),
+            "ports": [{"name": p["name"], "port": p["containerPort"], "protocol": "TCP"}
+                      for p in container_ports(role)],
+        },
+    }
+
+
+def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
+    name = cr["metadata"]["name"]
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": _meta(cr, contract.pdb(name, role.role, role.revision), role.role,
+                          role.revision),
+        "spec": {"maxUnavailable": 1,
+                 "selector": {"matchLabels": contract.selector_labels(name, role.role,
+                                                                      role.revision)},
+                 # A crash-looping engine must not block a node drain.
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+
+
+def container_ports(role: RolePlan) -> list[dict[str, Any]]:
+    ports = role.ports
+    out = [{"name": f"vllm-{i}", "containerPort": p} for i, p in enumerate(ports.http)]
+    if ports.supervisor:
+        out.append({"name": "supervisor", "containerPort": ports.supervisor})
+    out += [{"name": f"nixl-{i}", "containerPort": p} for i, p in enumerate(ports.nixl)]
+    return [{**p, "protocol": "TCP"} for p in out]
+
+
+def _probes(role: RolePlan) -> dict[str, Any]:
+    port = role.ports.health
+    startup_budget = role.spec.engine.engineReadyTimeoutSeconds
+    return {
+        # Model loading takes tens of minutes: only the startup probe waits for it.
+        "startupProbe": {"httpGet": {"path": "/health", "port": port},
+                         "periodSeconds": PROBE_PERIOD_SECONDS,
+                         "failureThreshold": -(-startup_budget // PROBE_PERIOD_SECONDS)},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": port},
+                          "periodSeconds": PROBE_PERIOD_SECONDS, "failureThreshold": 3,
+                          "timeoutSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": role.ports.ready_path, "port": port},
+                           "periodSeconds": 5, "failureThreshold": 2, "timeoutSeconds": 3},
+    }
+
+
+def pod_security_level(spec: Any) -> str:
+    """The strictest Pod Security Standard an engine pod meets. It meets "restricted"
+    (non-root, no privilege escalation, every capability dropped, RuntimeDefault seccomp,
+    no host namespaces or paths) unless RDMA is on: registering (pinning) host buffers with
+    the RDMA device counts against the memlock limit unless the process holds IPC_LOCK, and
+    neither restricted nor baseline lets a pod add IPC_LOCK."""
+    return "privileged" if spec.kvTransfer.rdma else "restricted"
+
+
+def engine_security_context(role: RolePlan) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if role.spec.kvTransfer.rdma:
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+            "runAsUser": contract.ENGINE_UID, "runAsGroup": contract.ENGINE_UID,
+            "capabilities": capabilities, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _env(role: RolePlan) -> list[dict[str, Any]]:
+    env = [{"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+           for key, path in contract.DOWNWARD_ENV]
+    # A uid without a passwd entry: HOME for the caches, USER for torch's getpass.getuser().
+    env += [{"name": "HOME", "value": contract.ENGINE_HOME}, {"name": "USER", "value": "longctx"}]
+    hf = role.spec.model.source.huggingFace
+    if hf and hf.tokenSecretRef:
+        env.append({"name": contract.ENV_HF_TOKEN, "valueFrom": {"secretKeyRef": {
+            "name": hf.tokenSecretRef.name, "key": hf.tokenSecretRef.key}}})
+    return env
+
+
+def _resources(role: RolePlan) -> dict[str, Any]:
+    memory = format_bytes(role.memory.request)
+    if cpu_platform.is_cpu(role.spec):
+        cores = str(role.spec.engine.cpu.coresPerPod)
+        return {"requests": {"cpu": cores, "memory": memory},
+                "limits": {"cpu": cores, "memory": memory}}
+    gpus = role.layout.gpusPerPod
+    limits: dict[str, Any] = {"nvidia.com/gpu": str(gpus),
+                              "memory": format_bytes(role.memory.request)}
+    rdma = role.spec.kvTransfer.rdma
+    if rdma:
+        limits[rdma.resource] = str(rdma.count)
+    requests = {**limits, "cpu": str(CPU_PER_GPU * gpus)}
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(cr_name: str, role: RolePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes = [
+        {"name": "engine-config",
+         "configMap": {"name": contract.engine_configmap(cr_name, role.revision)}},
+        # The CPU KV offload lives in /dev/shm; size it for every rank's cpu_bytes_to_use.
+        {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                      "sizeLimit": format_bytes(role.memory.shm)}},
+        {"name": "vllm-cache", "emptyDir": {}},
+    ]
+    mounts = [{"name": "engine-config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"},
+              {"name": "vllm-cache", "mountPath": contract.ENGINE_HOME}]
+    pvc = role.spec.model.source.pvc
+    if pvc:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claimName,
+                                                                    "readOnly": True}})
+        mount = {"name": "model", "mountPath": contract.MODEL_MOUNT, "readOnly": True}
+        if pvc.subPath:
+            mount["subPath"] = pvc.subPath
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def _affinity(cr_name: str, role: RolePlan) -> dict[str, Any]:
+    out: dict[str, Any] = {} if cpu_platform.is_cpu(role.spec) else {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{
+                "key": "nvidia.com/gpu.product", "operator": "In",
+                "values": [role.spec.placement.gpuProduct]}]}]}}}
+    key, scaling = role.spec.placement.topologyKey, role.spec.scaling
+    if key and role.role == "decode":
+        # A decode pod joins the domain of a prefill pod of its revision; with as many
+        # prefill as decode pods per unit, pod i of both roles is in unit i / perUnit, so
+        # the pod index pairs them.
+        same_unit = [contract.PAIRING_LABEL] + (
+            [contract.POD_INDEX_LABEL] if scaling.prefillPerUnit == scaling.decodePerUnit else [])
+        out["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": contract.selector_labels(cr_name, "prefill")},
+            "matchLabelKeys": same_unit, "topologyKey": key}]}
+    return out
+
+
+def _spread(cr_name: str, role: RolePlan) -> dict[str, Any]:
+    """With a topology key, a revision's prefill pods spread over the domains, so that each
+    domain keeps room for the decode pods that follow its prefill pods (two prefill pods
+    in one domain could leave their decode pods nowhere to go)."""
+    key = role.spec.placement.topologyKey
+    if not key or role.role != "prefill":
+        return {}
+    return {"topologySpreadConstraints": [{
+        "maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": contract.selector_labels(cr_name, "prefill")},
+        "matchLabelKeys": [contract.PAIRING_LABEL]}]}
+
+
+def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
+    """The digest of the role's launch document: an edit of one role, or an operator whose
+    rendering changed, restarts only that role's pods, through the StatefulSet's rolling
+    update."""
+    meta = cr["metadata"]
+    return content_digest(launch_document(role, meta["name"], meta["namespace"]).to_json())[:16]
+
+
+def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    spec = role.spec
+    volumes, mounts = _volumes(cr_name, role)
+    engine = {
+        "name": contract.ENGINE_CONTAINER,
+        "image": spec.engine.image,
+        "command": [*contract.ENGINE_CONTAINER_COMMAND, contract.launch_path(role.role)],
+        "env": _env(role),
+        "ports": container_ports(role),
+        "resources": _resources(role),
+        "volumeMounts": mounts,
+        "securityContext": engine_security_context(role),
+        **_probes(role),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [engine],
+        "volumes": volumes,
+        "affinity": _affinity(cr_name, role),
+        **_spread(cr_name, role),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "automountServiceAccountToken": False,
+        "tolerations": [*([] if cpu_platform.is_cpu(spec) else [GPU_TOLERATION]),
+                        *[dict(t) for t in spec.placement.tolerations]],
+    }
+    # The API server drops empty fields; rendering them would read as drift forever.
+    for key in ("affinity", "tolerations"):
+        if not pod_spec[key]:
+            del pod_spec[key]
+    if spec.placement.nodeSelector:
+        pod_spec["nodeSelector"] = dict(spec.placement.nodeSelector)
+    if spec.placement.priorityClassName:
+        pod_spec["priorityClassName"] = spec.placement.priorityClassName
+    annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
+    if spec.router.enabled and spec.router.type == "llm-d":
+        # The picker offers only the ports this pod serves (one per rank).
+        annotations.update(pod_annotations(role))
+        if role.role == "decode":
+            pod_spec["initContainers"] = [routing_sidecar(role)]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(cr, contract.statefulset(cr_name, role.role, role.revision),
+                          role.role, role.revision),
+        "spec": {
+            "replicas": role.replicas,
+            "serviceName": contract.headless_service(cr_name, role.role),
+            "podManagementPolicy": "Parallel",
+            # In place (same revision): one pod at a time, within the PDB.
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "selector": {"matchLabels": contract.selector_labels(cr_name, role.role,
+                                                                 role.revision)},
+            "template": {
+                "metadata": {"labels": contract.labels(cr_name, role.role, role.pairing_key),
+                             "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def revision_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
+    """The objects of the plan's revision: its config, then each role's pods and PDB."""
+    objects = [engine_configmap(cr, plan)]
+    for role in plan.roles:
+        objects += [statefulset(cr, role), pod_disruption_budget(cr, role)]
+    return objects
+
+
+def shared_engine_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
+    """What every revision shares: each role's headless Service (pod DNS of all revisions)."""
+    return [headless_service(cr, role) for role in plan.roles]
+
+
+def pod_monitor(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
+    """Scrapes every vLLM rank's /metrics (monitoring.coreos.com/v1)."""
+    names = sorted({p["name"] for role in plan.roles for p in container_ports(role)
+                    if p["name"].startswith("vllm-")})
+    cr_name = cr["metadata"]["name"]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": _meta(cr, contract.pod_monitor(cr_name), contract.MONITORING_COMPONENT),
+        "spec": {"selector": {"matchLabels": contract.serving_selector(cr_name)},
+                 # The capacity rules (builders/autoscaling.py) select a CR's decode ranks
+                 # by these labels.
+                 "podTargetLabels": [contract.INSTANCE_LABEL, contract.COMPONENT_LABEL],
+                 "podMetricsEndpoints": [{"port": n, "path": "/metrics"} for n in names]},
+    }

@@ -1,0 +1,216 @@
+"""vLLM's own router (vllm-router) in front of one LongContextDeployment, as plain manifests.
+
+With `spec.router.type: vllm-router` the CR gets a Deployment, Service, ServiceAccount, Role,
+RoleBinding and (with monitoring) a PodMonitor, all named `<cr>-router`. vllm-router finds
+the serving revision's prefill and decode pods through the Kubernetes API by label (its
+`--service-discovery` with `--prefill-selector` / `--decode-selector`, the pairing label
+included), reaches each on the serving port, and drives the P/D legs itself: the prefill leg
+with `max_tokens` 1 and `do_remote_decode`, then the decode leg with the prefill's
+`kv_transfer_params`, so NIXL moves the KV. A rollout switches it to a new revision by
+changing the selectors: the Deployment rolls its one pod (surge first, so a router is always
+there), and the new pod sees only the new revision's engines.
+
+vllm-router 0.1.17's discovery adds a pod when it turns Ready and removes it when it is
+deleted or stops being Ready; its source filters pod events by the selectors first, so a pod
+whose labels stop matching (a scale-down taking it out of the pool) need not be dropped. So
+the selectors require the serving label, and a scale-down also rolls the router
+(`roll_for_draining`): the new router pod never discovers the pods leaving the pool, and
+the old one finishes its requests in flight (it shuts down gracefully on SIGTERM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longctx_core import contract
+from longctx_core.sizing.roles import ServingPlan
+
+COMPONENT = contract.ROUTER_COMPONENT
+NONROOT_UID = 65532
+METRICS_PORT_NAME = "metrics"
+# The pods a scale-down takes out of the pool, on the router's pod template: a change rolls
+# the router, whose new pod discovers only the pods still serving.
+DRAINING_PODS_ANNOTATION = "longctx.dev/draining-pods"
+HTTP_PORT_NAME = "http"
+# The ports a pod of either role serves its first engine rank on (no sidecar in front).
+WORKER_PORT = contract.SERVING_BASE_PORT
+
+
+def _meta(cr: dict[str, Any]) -> dict[str, Any]:
+    name = cr["metadata"]["name"]
+    return {"name": contract.vllm_router(name), "namespace": cr["metadata"]["namespace"],
+            "labels": contract.labels(name, COMPONENT),
+            "ownerReferences": [contract.owner_reference(cr)]}
+
+
+def _selector(cr_name: str, role: str, revision: str) -> list[str]:
+    labels = {**contract.selector_labels(cr_name, role, revision), contract.SERVING_LABEL: "true"}
+    return [f"{k}={v}" for k, v in labels.items()]
+
+
+def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[str]:
+    """vllm-router 0.1.17's flags (vllm_router/router_args.py), every one explicit."""
+    cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
+    faults = plan.prefill.faults
+    return [
+        "--host", "$(POD_IP)", "--port", str(contract.VLLM_ROUTER_PORT),
+        "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+        # A radix tree of the prompts each worker has seen: turns of one session go back to
+        # the prefill pod that holds their prefix.
+        "--policy", "cache_aware",
+        "--service-discovery", "--service-discovery-namespace", namespace,
+        "--service-discovery-port", str(WORKER_PORT),
+        "--prefill-selector", *_selector(cr_name, "prefill", revision),
+        "--decode-selector", *_selector(cr_name, "decode", revision),
+        # A max-context prefill, its transfer and the answer (faults.py).
+        "--request-timeout-secs", str(faults.request_timeout_seconds),
+        # Discovery adds one pod at a time, each waiting for its /health: a Ready pod that
+        # cannot be reached must not hold up the others for the default 600 s.
+        "--worker-startup-timeout-secs", "60",
+        "--prometheus-host", "$(POD_IP)",
+        "--prometheus-port", str(contract.VLLM_ROUTER_METRICS_PORT),
+        "--log-level", "info",
+    ]
+
+
+def _placement(plan: ServingPlan) -> dict[str, Any]:
+    """The router runs on the nodes spec.placement selects for the engines, next to them
+    (no GPU is requested, so nothing GPU-specific is required)."""
+    placement = plan.spec.placement
+    out: dict[str, Any] = {}
+    if placement.nodeSelector:
+        out["nodeSelector"] = dict(placement.nodeSelector)
+    if placement.tolerations:
+        out["tolerations"] = [dict(t) for t in placement.tolerations]
+    return out
+
+
+def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    probe_port = contract.VLLM_ROUTER_PORT
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(cr),
+        "spec": {
+            "replicas": 1,
+            # The new router is Ready before the old one goes: no gap in serving.
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": contract.selector_labels(cr_name, COMPONENT)},
+            "template": {
+                # The pairing label names the revision this router serves; the operator
+                # reads it back as the serving revision.
+                "metadata": {"labels": {**contract.labels(cr_name, COMPONENT),
+                                        contract.PAIRING_LABEL: revision}},
+                "spec": {
+                    **_placement(plan),
+                    "serviceAccountName": contract.vllm_router(cr_name),
+                    "automountServiceAccountToken": True,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
+                                        "runAsGroup": NONROOT_UID,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "vllm-router",
+                        "image": plan.spec.router.vllmRouterImage,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["vllm-router"],
+                        "args": router_args(cr, plan, revision),
+                        "env": [{"name": "POD_IP", "valueFrom": {
+                            "fieldRef": {"fieldPath": "status.podIP"}}}],
+                        "ports": [
+                            {"name": HTTP_PORT_NAME, "containerPort": contract.VLLM_ROUTER_PORT,
+                             "protocol": "TCP"},
+                            {"name": METRICS_PORT_NAME,
+                             "containerPort": contract.VLLM_ROUTER_METRICS_PORT,
+                             "protocol": "TCP"},
+                        ],
+                        "livenessProbe": {"httpGet": {"path": "/liveness", "port": probe_port},
+                                          "periodSeconds": 10, "failureThreshold": 3},
+                        # Ready once it has healthy workers of both roles.
+                        "readinessProbe": {"httpGet": {"path": "/readiness",
+                                                       "port": probe_port},
+                                           "periodSeconds": 2, "failureThreshold": 3},
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                      "limits": {"memory": "4Gi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def _service(cr: dict[str, Any]) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(cr),
+            "spec": {"type": "ClusterIP",
+                     "selector": contract.selector_labels(cr_name, COMPONENT),
+                     "ports": [{"name": HTTP_PORT_NAME, "port": contract.VLLM_ROUTER_PORT,
+                                "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}]}}
+
+
+def router_rules() -> list[dict[str, Any]]:
+    """What vllm-router's discovery does: list and watch the pods of its namespace (it
+    filters the labels itself and never gets one pod)."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+
+
+def _rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
+    name = contract.vllm_router(cr["metadata"]["name"])
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cr),
+         "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(cr),
+         "rules": router_rules()},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": _meta(cr),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name,
+                       "namespace": cr["metadata"]["namespace"]}]},
+    ]
+
+
+def vllm_router_objects(cr: dict[str, Any], plan: ServingPlan,
+                        serving: str | None = None) -> list[dict[str, Any]]:
+    """The router objects, discovering the `serving` revision (default: the plan's)."""
+    return [*_rbac(cr), _service(cr), _deployment(cr, plan, serving or plan.revision)]
+
+
+def vllm_router_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
+    cr_name = cr["metadata"]["name"]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": _meta(cr),
+            "spec": {"selector": {"matchLabels": contract.selector_labels(cr_name, COMPONENT)},
+                     "podMetricsEndpoints": [{"port": METRICS_PORT_NAME, "path": "/metrics"}]}}
+
+
+def roll_for_draining(deployment: dict[str, Any], draining: list[str]) -> None:
+    """Name the pods leaving the pool on a desired router Deployment's pod template."""
+    template = deployment["spec"]["template"]["metadata"]
+    template.setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(sorted(draining))
+
+
+def rolled_out(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Whether the live router Deployment runs only pods of the desired template (its old
+    pods are gone or terminating, so none sends a request to what it no longer selects)."""
+    if not live:
+        return False
+    want = desired["spec"]["template"]["metadata"]
+    have = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    status = live.get("status") or {}
+    draining = (want.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION)
+    return ((draining is None or
+             (have.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION) == draining)
+            and (have.get("labels") or {}).get(contract.PAIRING_LABEL) ==
+            want["labels"].get(contract.PAIRING_LABEL)
+            and status.get("observedGeneration") == live["metadata"].get("generation")
+            and status.get("updatedReplicas", 0) == status.get("replicas", 0) ==
+            status.get("availableReplicas", 0) == live["spec"].get("replicas", 1))
+
+
+def serving_revision(deployment: dict[str, Any] | None) -> str | None:
+    """The revision a router Deployment discovers (its pod template's pairing label)."""
+    template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    return ((template.get("metadata") or {}).get("labels") or {}).get(contract.PAIRING_LABEL)

@@ -1,0 +1,75 @@
+"""What the engines' launch documents tell a reconcile: whether a prefill and a decode could
+pair over NIXL (before anything rolls), and whether this operator renders a running role
+differently from what it runs (an operator upgrade)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longctx_core import contract
+from longctx_core.vllm_config.compat import pd_compatibility
+from longctx_core.launcher.launch import LaunchDocument, LaunchError, fill, parse
+from longctx_core.vllm_config.recipes import EngineCommand, launch_document
+from longctx_core.sizing.roles import ServingPlan
+from longctx_core.sizing.rules import RecipeError
+
+from longctx_operator.runtime.kube import Kube
+
+
+def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
+    """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
+    handshake. The two documents may come from different renderings: an in-place roll of
+    one role pairs its new engines with the other role's running ones."""
+    commands = [EngineCommand(**vars(fill(doc, f"{doc.deployment}-{doc.role}-0", "0.0.0.0")))
+                for doc in (prefill, decode)]
+    mismatches = pd_compatibility(*commands)
+    if mismatches:
+        raise RecipeError("prefill and decode engines are incompatible for NIXL: "
+                          + "; ".join(mismatches))
+
+
+def check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> None:
+    """An in-place roll restarts only the role whose launch document changed: its new
+    engines pair with the other role's running ones, which run the live documents."""
+    meta = cr["metadata"]
+    live = kube.get("v1", "ConfigMap", meta["namespace"],
+                    contract.engine_configmap(meta["name"], plan.revision))
+    data = (live or {}).get("data") or {}
+    new = {role.role: launch_document(role, meta["name"], meta["namespace"])
+           for role in plan.roles}
+    try:
+        running = {role: parse(data[contract.launch_key(role)]) for role in contract.ROLES}
+    except (KeyError, LaunchError):
+        return   # a document this operator cannot read is replaced, not paired with
+    if running == new:
+        return   # nothing rolls in place
+    check_pair(new["prefill"], running["decode"])
+    check_pair(running["prefill"], new["decode"])
+
+
+def rerendered(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """An engine StatefulSet whose launch document digest changed."""
+    if desired["kind"] != "StatefulSet":
+        return False
+    key = contract.ENGINE_CONFIG_ANNOTATION
+
+    def digest(obj: dict[str, Any]) -> str | None:
+        return (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+            "annotations", {}).get(key)
+    return digest(live) is not None and digest(live) != digest(desired)
+
+
+def rollout_cause(rerendered_roles: list[str], applied: bool, cr: dict[str, Any],
+                  previous: dict[str, Any]) -> dict[str, Any] | None:
+    """What started the last in-place roll: a spec edit, or this operator's rendering."""
+    generation = cr["metadata"].get("generation")
+    if rerendered_roles:
+        roles = sorted(set(rerendered_roles))
+        return {"cause": "operator", "roles": roles, "generation": generation,
+                "message": f"the operator's launch document for {' and '.join(roles)} changed "
+                           "while the spec did not change (an operator upgrade); each role "
+                           "rolls in place, one pod at a time"}
+    if applied and previous.get("observedGeneration") != generation:
+        return {"cause": "spec", "generation": generation,
+                "message": f"the spec changed (generation {generation})"}
+    return previous.get("rolloutCause")

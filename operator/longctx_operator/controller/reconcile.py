@@ -1,0 +1,381 @@
+"""One level-based reconcile of a LongContextDeployment: read, plan, apply, report.
+
+The function is synchronous and idempotent: it compares every desired child with the
+live object and writes only what differs (a drifted field, a deleted child, a new spec),
+then derives the status from the children and writes it only when it changed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from longctx_core import contract
+from longctx_core.api import spec as api
+from longctx_core.sizing import placement
+from longctx_core.sizing.host_memory import NodeMemory
+from longctx_core.sizing.planner import plan as plan_capacity
+from longctx_core.launcher.quantity import parse_bytes
+from longctx_core.vllm_config.recipes import launch_document
+from longctx_core.sizing.roles import ServingPlan, serving_plan
+from longctx_core.sizing.rules import RecipeError
+from longctx_core.sizing.scaling import scale_status
+from longctx_core.api.schema import SpecError
+from longctx_core.sizing.topology import topology_plan
+
+from longctx_operator.controller import drain, rollout
+from longctx_operator.runtime import metrics
+from longctx_operator.controller.builders import vllm_router
+from longctx_operator.controller.builders.picker import picker_status
+from longctx_operator.controller.desired import desired_objects
+from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
+from longctx_operator.runtime.kube import Kube, KubeError
+from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
+
+log = logging.getLogger(__name__)
+POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
+RULE_CRD = contract.KIND_BY_NAME["PrometheusRule"].crd
+KEDA_CRD = contract.KIND_BY_NAME["ScaledObject"].crd
+# Added to the longest request's predicted time: the answer streamed after the prompt.
+DRAIN_MARGIN_SECONDS = 60
+# Without a prediction (an explicit architecture), the old revision drains this long.
+DEFAULT_DRAIN_SECONDS = 600
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did, for events, metrics and tests."""
+
+    phase: str = ""
+    rollout_phase: str = ""
+    wake_after: float | None = None    # seconds until a reconcile is due without an event
+    applied: list[str] = field(default_factory=list)   # "Kind/name" written
+    deleted: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    status_written: bool = False
+    # Roles whose launch document this operator renders differently for an unchanged spec.
+    rerendered: list[str] = field(default_factory=list)
+
+    def wake_within(self, seconds: float) -> None:
+        """Ask for a reconcile after at most `seconds`, with no event (the earliest wins)."""
+        self.wake_after = seconds if self.wake_after is None else min(self.wake_after, seconds)
+
+
+def matches(desired: Any, live: Any) -> bool:
+    """Whether every field the operator sets has that value in the live object."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(matches(v, live.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(desired) == len(live)
+                and all(matches(d, l) for d, l in zip(desired, live)))
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired == live
+    if isinstance(desired, (int, float)) and isinstance(live, str):
+        return str(desired) == live
+    return desired == live
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def _label(obj: dict[str, Any]) -> str:
+    return "/".join(_key(obj))
+
+
+def _node_memory(kube: Kube, fresh: bool = False) -> list[NodeMemory] | None:
+    """The nodes' allocatable memory and labels for the planner; None when they cannot be
+    listed. `fresh`: listed now (a topology domain is judged by labels just applied)."""
+    nodes = kube.nodes(max_age=0) if fresh else kube.nodes()
+    if nodes is None:
+        return None
+    return [n for n in map(NodeMemory.from_manifest, nodes) if n is not None]
+
+
+def reconcile(kube: Kube, cr: dict[str, Any]) -> Outcome:
+    started = time.monotonic()
+    outcome = Outcome()
+    try:
+        _reconcile(kube, cr, outcome)
+        metrics.RECONCILES.labels(result="refused" if outcome.phase == "Refused" else "ok").inc()
+        return outcome
+    except Exception:
+        metrics.RECONCILES.labels(result="error").inc()
+        raise
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+
+def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
+    meta = cr["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    previous = cr.get("status") or {}
+    refusal: Refusal | None = None
+    plan_json: dict[str, Any] | None = None
+    plan: ServingPlan | None = None
+    spec: api.LongContextDeploymentSpec | None = None
+    try:
+        spec = api.load_spec(cr.get("spec"))
+        nodes = _node_memory(kube, fresh=spec.placement.topologyKey is not None)
+        capacity = plan_capacity(spec, nodes)
+        plan_json = capacity.to_json()
+        topology = topology_plan(spec, nodes)
+        if topology is not None:
+            plan_json["topology"] = topology.to_json()
+        if not capacity.fits:
+            refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
+        else:
+            plan = serving_plan(spec, name)
+            check_pair(*(launch_document(role, name, namespace) for role in plan.roles))
+            check_in_place_pair(kube, cr, plan)
+    except (SpecError, RecipeError) as exc:
+        refusal = Refusal("Accepted", "InvalidSpec", str(exc))
+
+    revisions = _revisions(kube, name, namespace)
+    step: rollout.Step | None = None
+    if refusal is None and plan is not None:
+        policy = _policy(plan)
+        serving = _serving_revision(kube, cr, plan.spec, previous)
+        idle = drain.look(cr, revisions, plan.revision, serving, _utcnow())
+        load = rollout.DrainLoad(idle, router_switched=bool(idle) and drain.router_selects(
+            kube, cr, plan.spec, plan.revision))
+        step = rollout.step(desired=plan.revision, serving=serving,
+                            revisions=revisions, previous=previous.get("rollout") or {},
+                            policy=policy, now=_utcnow(), load=load,
+                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
+        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle)
+        outcome.events += step.events
+        outcome.rollout_phase = step.phase
+        if step.wake_after is not None:
+            outcome.wake_within(step.wake_after)
+        revisions = _revisions(kube, name, namespace)
+
+    serving_rev = step.serving if step is not None else previous.get("revision")
+    observed = _observe(kube, name, namespace, spec, revisions.get(serving_rev or ""))
+    if spec is None:
+        desired_replicas = dict.fromkeys(contract.ROLES, 0)
+    elif refusal:  # report the replicas that are actually running, not the refused spec's
+        desired_replicas = {role: (observed.statefulsets.get(role) or {}).get("spec", {}).get(
+            "replicas", 0) for role in contract.ROLES}
+    else:
+        desired_replicas = {role.role: role.replicas for role in plan.roles}
+    _count_zero_capacity(name, namespace, observed, desired_replicas)
+    status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
+                            desired_replicas=desired_replicas,
+                            endpoint=_endpoint(name, namespace, spec), previous=previous,
+                            rollout=step)
+    status.update(scale_status(name, spec, observed.pods))
+    cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous)
+    if cause:
+        status["rolloutCause"] = cause
+    if step is None:   # a refused spec changes nothing about revisions
+        status.update({k: previous[k] for k in ("rollout", "revision") if k in previous})
+    outcome.phase = status["phase"]
+    if status_changed(previous, status):
+        kube.patch_status(contract.API_VERSION, contract.KIND, namespace, name,
+                          merge_patch(previous, status))
+        outcome.status_written = True
+        _transition_events(previous, status, outcome)
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _policy(plan: ServingPlan) -> rollout.Policy:
+    spec = plan.spec
+    r = spec.rollout
+    min_ready = {role.role: min(r.minReadyReplicas or role.replicas, role.replicas)
+                 for role in plan.roles}
+    if r.drainSeconds is not None:
+        drain = float(r.drainSeconds)
+    else:
+        predicted = plan.prediction
+        drain = float(math.ceil(predicted["ttftSeconds"]) + DRAIN_MARGIN_SECONDS
+                      if predicted else DEFAULT_DRAIN_SECONDS)
+    budget = spec.engine.engineReadyTimeoutSeconds
+    return rollout.Policy(strategy=r.strategy, min_ready=min_ready, drain_seconds=drain,
+                          ready_timeout_seconds=float(budget),
+                          downtime=f"up to the model load, engine.engineReadyTimeoutSeconds "
+                                   f"= {budget} s")
+
+
+def _revisions(kube: Kube, name: str, namespace: str) -> dict[str, rollout.Revision]:
+    selector = contract.selector_labels(name)
+    return rollout.group_revisions(kube.list("apps/v1", "StatefulSet", namespace, selector),
+                                   kube.list("v1", "Pod", namespace, selector))
+
+
+def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
+                      previous: dict[str, Any]) -> Optional[str]:
+    """The revision that serves: the one the InferencePool selects (one write switches it,
+    so it is the truth), else the one the status last recorded."""
+    meta = cr["metadata"]
+    if spec.router.enabled and spec.router.type == "vllm-router":
+        selected = vllm_router.serving_revision(kube.get(
+            "apps/v1", "Deployment", meta["namespace"], contract.vllm_router(meta["name"])))
+        if selected:
+            return selected
+    elif spec.router.enabled:
+        pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
+                        meta["namespace"], contract.inference_pool(meta["name"]))
+        selected = (((pool or {}).get("spec") or {}).get("selector") or {}).get(
+            "matchLabels", {}).get(contract.PAIRING_LABEL)
+        if selected:
+            return selected
+    return previous.get("revision")
+
+
+def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]
+                  ) -> Optional[str]:
+    """How many GPUs the new revision still needs on the nodes its placement selects, and
+    how many are free there (None when nodes or pods cannot be read)."""
+    nodes = kube.nodes(max_age=0)
+    try:
+        pods = kube.list("v1", "Pod", None) if nodes is not None else None
+    except KubeError:
+        pods = None
+    if nodes is None or pods is None:
+        return None
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in pod["spec"].get("containers", []):
+            gpus = ((c.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu")
+            used[node] = used.get(node, 0) + (parse_bytes(gpus) if gpus else 0)
+    free = sum(max(parse_bytes((n.get("status") or {}).get("allocatable", {}).get(
+        "nvidia.com/gpu", "0")) - used.get(n["metadata"]["name"], 0), 0) for n in nodes
+        if placement.selects(plan.spec.placement, n["metadata"].get("labels") or {}))
+    new = revisions.get(plan.revision)
+    placed = {role: sum(1 for p in new.role_pods(role) if (p.get("spec") or {}).get("nodeName"))
+              for role in contract.ROLES} if new else dict.fromkeys(contract.ROLES, 0)
+    need = sum(max(r.replicas - placed[r.role], 0) * r.layout.gpusPerPod for r in plan.roles)
+    return (f"the new revision needs {need} more {plan.spec.placement.gpuProduct} GPUs on "
+            f"nodes matching {placement.describe(plan.spec.placement)}; free: {free}")
+
+
+_ZERO_SINCE: dict[tuple[str, str], float] = {}
+
+
+def _count_zero_capacity(name: str, namespace: str, observed: Observed,
+                         desired: dict[str, int]) -> None:
+    """Seconds during which a role that should serve had no Ready pod, between reconciles."""
+    key = (namespace, name)
+    now = time.monotonic()
+    zero = any(desired.get(role) and not ((observed.statefulsets.get(role) or {}).get(
+        "status") or {}).get("readyReplicas") for role in contract.ROLES)
+    last = _ZERO_SINCE.pop(key, None)
+    if zero:
+        if last is not None:
+            metrics.ZERO_CAPACITY_SECONDS.inc(now - last)
+        _ZERO_SINCE[key] = now
+
+
+def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
+                    policy: rollout.Policy, revisions: dict[str, rollout.Revision],
+                    outcome: Outcome, previous: dict[str, Any], idle: dict[str, float]
+                    ) -> None:
+    meta = cr["metadata"]
+    with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
+    desired = desired_objects(
+        cr, plan, with_pod_monitor=with_monitor, serving=step.serving,
+        with_revision=step.apply_desired,
+        with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
+        with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
+    new_generation = previous.get("observedGeneration") != meta.get("generation")
+    events, wake = drain.drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions,
+                                          desired, idle)
+    outcome.events += events
+    if wake is not None:
+        outcome.wake_within(wake)
+    written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects
+    waves: dict[int, list[dict[str, Any]]] = {}
+    for obj in desired:
+        live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
+        if live is not None and matches(obj, live):
+            continue
+        waves.setdefault(contract.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
+        label = _label(obj)
+        if live is None:
+            why = ("Created", "created") if new_generation else ("Recreated",
+                                                                  "recreated (deleted)")
+        elif not new_generation and rerendered(obj, live):
+            why = ("OperatorRender", "rolled in place, one pod at a time: this operator "
+                   "renders a different launch document for the same spec")
+            outcome.rerendered.append(obj["metadata"]["labels"][contract.COMPONENT_LABEL])
+        else:
+            why = ("RollingOut", "updated to the new spec") if new_generation else (
+                "Repaired", "restored (a managed field had drifted)")
+        written.setdefault(why, []).append(label)
+    for wave in sorted(waves):
+        kube.apply_all(waves[wave])
+        outcome.applied += [_label(o) for o in waves[wave]]
+    # One Event per reason, not per object: a new CR's 14 children make one Created event.
+    outcome.events += [("Normal", reason, f"{', '.join(labels)} {verb}")
+                       for (reason, verb), labels in written.items()]
+    wanted = {_key(o) for o in desired}
+    # Revisions that run stay (a draining one too) unless this step removes them.
+    kept = (set(revisions) | {plan.revision}) - set(step.delete)
+    for kind in contract.MANAGED_KINDS:
+        if kind.crd and not kube.crd_exists(kind.crd):
+            continue   # nothing of a kind whose CRD is absent can exist
+        for live in kube.list(kind.api_version, kind.kind, meta["namespace"],
+                              contract.selector_labels(meta["name"])):
+            owners = live["metadata"].get("ownerReferences", [])
+            revision = live["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
+            if (kind.kind, live["metadata"]["name"]) in wanted or revision in kept or not any(
+                    o.get("uid") == meta["uid"] for o in owners):
+                continue
+            kube.delete(kind.api_version, kind.kind, meta["namespace"], live["metadata"]["name"])
+            outcome.deleted.append(f"{kind.kind}/{live['metadata']['name']}")
+            outcome.events.append(("Normal", "Removed", f"{kind.kind}/{live['metadata']['name']}"
+                                   " is no longer part of the spec"))
+    for kind in {o["kind"] for o in desired}:
+        metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
+
+
+def _observe(kube: Kube, name: str, namespace: str,
+             spec: api.LongContextDeploymentSpec | None,
+             serving: rollout.Revision | None) -> Observed:
+    """The serving revision's StatefulSets and pods, and the picker."""
+    router = None
+    if spec is not None and spec.router.enabled:
+        deployment = contract.picker(name) if spec.router.type == "llm-d" \
+            else contract.vllm_router(name)
+        router = picker_status(kube.get("apps/v1", "Deployment", namespace, deployment))
+    return Observed(statefulsets=dict(serving.statefulsets) if serving else {},
+                    pods=list(serving.pods) if serving else [], router=router)
+
+
+def _endpoint(name: str, namespace: str, spec: api.LongContextDeploymentSpec | None) -> str | None:
+    if spec is None:
+        return None
+    if spec.router.enabled and spec.router.gateway:
+        gw = spec.router.gateway
+        return f"gateway {gw.namespace or namespace}/{gw.name} (HTTPRoute {namespace}/{name})"
+    if spec.router.enabled and spec.router.type == "vllm-router":
+        return f"service {namespace}/{contract.vllm_router(name)}:{contract.VLLM_ROUTER_PORT}"
+    if spec.router.enabled:
+        return f"inferencepool {namespace}/{contract.inference_pool(name)}"
+    return f"{contract.headless_service(name, 'decode')}.{namespace}.svc"
+
+
+def _transition_events(previous: dict[str, Any], status: dict[str, Any],
+                       outcome: Outcome) -> None:
+    before = {c["type"]: c for c in previous.get("conditions", [])}
+    for cond in status["conditions"]:
+        old = before.get(cond["type"])
+        if old and old.get("status") == cond["status"] and old.get("reason") == cond["reason"]:
+            continue
+        if cond["type"] in ("CapacityPlanned", "Accepted") and cond["status"] == "False":
+            outcome.events.append(("Warning", "SpecRefused", cond["message"]))
+        elif cond["type"] == "Degraded" and cond["status"] == "True":
+            outcome.events.append(("Warning", "Degraded", cond["message"]))
+        elif cond["type"] == "Ready" and cond["status"] == "True":
+            outcome.events.append(("Normal", "Ready", cond["message"]))
