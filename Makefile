@@ -8,7 +8,7 @@ PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test test-traffic unit cluster-bins python-env engine-env bench-env crds plan render
+.PHONY: demo test test-day2 unit cluster-bins python-env engine-env bench-env crds plan render
 
 python-env:
 	@tools/python-env.sh >/dev/null
@@ -29,17 +29,18 @@ cluster-bins:
 demo: python-env engine-env cluster-bins
 	@$(PY) -m tests.cluster.demo
 
-# Requests through rollouts and scale-downs start four engines at once: over make test's
-# 25-minute budget on 2 cores, so it runs on its own.
-TRAFFIC_TESTS = tests/cluster/test_traffic_rollouts.py
+# Day-two runs on real engines that start three or four engines at once (requests through
+# rollouts and scale-downs; prefix reuse across turns with two prefill pods): together over
+# make test's 25-minute budget on 2 cores, so they run on their own.
+DAY2_TESTS = tests/cluster/test_traffic_rollouts.py tests/cluster/test_prefix_reuse.py
 
 test: python-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
-	@echo "[make test] not run here: $(TRAFFIC_TESTS) (run it with make test-traffic)"
-	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15 --ignore=$(TRAFFIC_TESTS)
+	@echo "[make test] not run here: $(DAY2_TESTS) (run them with make test-day2)"
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15 $(addprefix --ignore=,$(DAY2_TESTS))
 
-test-traffic: python-env engine-env cluster-bins
-	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest $(TRAFFIC_TESTS) -v -s
+test-day2: python-env engine-env cluster-bins
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest $(DAY2_TESTS) -v
 
 # Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
 unit: python-env bench-env
