@@ -29,10 +29,11 @@ cluster-bins:
 demo: python-env engine-env cluster-bins
 	@$(PY) -m tests.cluster.demo
 
-# Day-two runs on real engines that start three or four engines at once (requests through
-# rollouts and scale-downs; prefix reuse across turns with two prefill pods): together over
-# make test's 25-minute budget on 2 cores, so they run on their own.
-DAY2_TESTS = tests/cluster/test_traffic_rollouts.py tests/cluster/test_prefix_reuse.py
+# Day-two runs on real engines: requests through rollouts and scale-downs and prefix reuse
+# across turns start three or four engines at once, and the data-path faults depend on when
+# a kill lands; together over make test's 25-minute budget on 2 cores, so they run apart.
+DAY2_TESTS = tests/cluster/test_traffic_rollouts.py tests/cluster/test_prefix_reuse.py \
+	tests/cluster/test_data_path_faults.py
 
 test: python-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
