@@ -29,23 +29,17 @@ cluster-bins:
 demo: python-env engine-env cluster-bins
 	@$(PY) -m tests.cluster.demo
 
-# Day-two runs on real engines: requests through rollouts and scale-downs and prefix reuse
-# across turns start three or four engines at once, and the data-path faults depend on when
-# a kill lands; together over make test's 25-minute budget on 2 cores, so they run apart.
-DAY2_TESTS = tests/cluster/test_traffic_rollouts.py tests/cluster/test_prefix_reuse.py \
-	tests/cluster/test_data_path_faults.py
-
 test: python-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
-	@echo "[make test] not run here: $(DAY2_TESTS) (run them with make test-day2)"
-	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15 $(addprefix --ignore=,$(DAY2_TESTS))
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
-test-day2: python-env engine-env cluster-bins
-	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest $(DAY2_TESTS) -v
+# The real-engine day-two modules alone (one shared deployment; part of make test).
+test-day2: python-env engine-env bench-env cluster-bins
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests/cluster/day_two -v --durations=15
 
 # Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
 unit: python-env bench-env
-	@$(PY) -m pytest tests -q -m "not cluster" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
+	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
 crds: python-env
 	@$(PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml

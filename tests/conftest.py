@@ -166,9 +166,9 @@ def kopf_settings():
     return settings
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Any]:
-    """The operator, in-process (Kopf's runner), for the tests of one module."""
+@contextlib.contextmanager
+def running_operator() -> Iterator[Any]:
+    """The operator, in-process (Kopf's runner), on the session's control plane."""
     from kopf.testing import KopfRunner
 
     from tests.cluster.controlplane import free_port
@@ -189,6 +189,13 @@ def operator(cluster: Cluster) -> Iterator[Any]:
             os.environ.pop(key, None)
     assert runner.exception is None, runner.exception
     assert runner.exit_code == 0, runner.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Any]:
+    """The operator for the tests of one module."""
+    with running_operator() as runner:
+        yield runner
 
 
 @contextlib.contextmanager

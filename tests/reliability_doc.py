@@ -120,7 +120,24 @@ def control_plane(outcomes: Outcomes, documented: dict[str, tuple[str, str]]) ->
     return "\n".join(lines)
 
 
-SECTIONS = {"hostile-input": hostile_input, "control-plane": control_plane}
+DAY_TWO = "tests/cluster/day_two"
+
+
+def data_path(outcomes: Outcomes, documented: dict[str, tuple[str, str]]) -> str:
+    from tests.cluster.day_two import test_data_path_faults, test_traffic_rollouts
+
+    lines = [_row("fault or input", "cases", "survived", "lost or changed"),
+             _row("---", "---:", "---:", "---")]
+    for module in (test_data_path_faults, test_traffic_rollouts):
+        path = f"{DAY_TWO}/{module.__name__.rsplit('.', 1)[-1]}.py"
+        for case, test, lost in module.CASES:
+            count = survived([f"{path}::{test}"], outcomes)
+            lines.append(_row(case, 1, _survived_cell(case, 1, count, documented), lost))
+    return "\n".join(lines)
+
+
+SECTIONS = {"hostile-input": hostile_input, "control-plane": control_plane,
+            "data-path": data_path}
 
 
 def render(text: str, outcomes: Outcomes) -> str:

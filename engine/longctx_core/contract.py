@@ -61,6 +61,8 @@ ENV_NIXL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 ENV_NIXL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 # The vLLM version the engine runs, compared between prefill and decode.
 ENV_VLLM_VERSION = "LONGCTX_VLLM_VERSION"
+# Read by the engine's vLLM plugin (launcher/vllm_plugin.py).
+ENV_NIXL_PROGRESS_DELAY_US = "LONGCTX_NIXL_PROGRESS_DELAY_US"
 ENV_HF_TOKEN = "HF_TOKEN"
 # The Downward API fields every engine pod exposes, by env key.
 DOWNWARD_ENV = ((ENV_POD_NAME, "metadata.name"), (ENV_POD_NAMESPACE, "metadata.namespace"),

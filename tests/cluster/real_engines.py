@@ -8,6 +8,7 @@ and `make demo`; every substitution is listed in docs/test-harness.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -15,7 +16,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -207,6 +208,26 @@ class RealEngines:
             time.sleep(2)
         raise AssertionError(f"{namespace}/{name} not Ready after {timeout:.0f} s: {last}\n"
                              + self.pod_logs(namespace))
+
+    @contextlib.contextmanager
+    def deployed(self, cr: dict[str, Any], namespace: str, timeout: float = READY_TIMEOUT,
+                 progress: Any = None) -> Iterator[float]:
+        """`cr` applied in `namespace` until it is Ready (yields the seconds that took);
+        on exit the CR is deleted and its pods are gone."""
+        name = cr["metadata"]["name"]
+        self.prepare_namespace(namespace)
+        started = time.monotonic()
+        try:
+            self.apply(cr, namespace)
+            self.wait_ready(name, namespace, timeout, progress)
+            yield time.monotonic() - started
+        finally:
+            self.cp.kubectl("delete", "lcd", name, "-n", namespace, "--wait=false",
+                            check=False)
+            deadline = time.monotonic() + 120
+            while self.pods(namespace, f"app.kubernetes.io/instance={name}"):
+                assert time.monotonic() < deadline, f"{namespace}/{name}: pods still there"
+                time.sleep(0.5)
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         out = self.cp.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")

@@ -72,14 +72,19 @@ def prefix_counters(url: str) -> tuple[float, float]:
             metric(samples, "vllm:prefix_cache_hits_total"))
 
 
-def disaggregated(prefill: str, decode: str, body: dict) -> dict:
-    """What the routing sidecar (or vllm-router) does with a request once the prefill pod is
-    chosen: the prefill leg with `max_tokens` 1 and `do_remote_decode`, then the request with
-    the prefill's `kv_transfer_params` to decode, which pulls the KV over NIXL."""
+def remote_prefill(prefill: str, body: dict) -> dict:
+    """The prefill leg the routing sidecar (or vllm-router) sends once the prefill pod is
+    chosen: `max_tokens` 1 and `do_remote_decode`; returns the `kv_transfer_params` with
+    which decode pulls the KV over NIXL."""
     prefill_body = dict(body, max_tokens=1, stream=False, kv_transfer_params={
         "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
         "remote_block_ids": None, "remote_host": None, "remote_port": None})
-    params = http_json(f"{prefill}{CHAT_PATH}", prefill_body, REQUEST_TIMEOUT)["kv_transfer_params"]
+    return http_json(f"{prefill}{CHAT_PATH}", prefill_body, REQUEST_TIMEOUT)["kv_transfer_params"]
+
+
+def disaggregated(prefill: str, decode: str, body: dict) -> dict:
+    """A request as the sidecar serves it: the prefill leg, then decode with its params."""
+    params = remote_prefill(prefill, body)
     return http_json(f"{decode}{CHAT_PATH}", dict(body, kv_transfer_params=params),
                      REQUEST_TIMEOUT)
 

@@ -30,19 +30,10 @@ CPU_BLOCK_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def engines(cluster, operator):
-    with RealEngines(cluster.cp, SESSION_DIR / "real-engines") as real:
-        real.prepare_namespace(NAMESPACE)
-        real.apply(cpu_cr(NAME), NAMESPACE)
-        started = time.monotonic()
-        real.wait_ready(NAME, NAMESPACE)
-        print(f"\n[real-engines] Ready in {time.monotonic() - started:.0f} s")
-        try:
-            yield real
-        finally:
-            cluster.kubectl("delete", "lcd", NAME, "-n", NAMESPACE, "--wait=false",
-                            check=False)
-            wait_for(lambda: not real.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME}"),
-                     120, "the engine pods to stop")
+    with RealEngines(cluster.cp, SESSION_DIR / "real-engines") as real, \
+            real.deployed(cpu_cr(NAME), NAMESPACE) as seconds:
+        print(f"\n[real-engines] Ready in {seconds:.0f} s")
+        yield real
 
 
 @pytest.fixture(scope="module")

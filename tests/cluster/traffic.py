@@ -33,14 +33,15 @@ class Outcome:
         return bool(self.error)
 
 
-def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: float = 300
-                ) -> Outcome:
-    """One streamed greedy chat completion with ignore_eos: what the client got."""
+def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: float = 300,
+                **extra: Any) -> Outcome:
+    """One streamed greedy chat completion with ignore_eos (and `extra` in its body): what
+    the client got."""
     target = f"{url}/v1/chat/completions"
     _check_loopback(target)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                       "stream": True}).encode()
+                       "stream": True, **extra}).encode()
     req = urllib.request.Request(target, data=body,
                                  headers={"Content-Type": "application/json"})
     began = time.monotonic()

