@@ -277,7 +277,7 @@ class PodWorker:
                 if run.kind == "sidecar":   # sidecars stop after the containers
                     while any(r.proc and r.proc.poll() is None for r in self.mains):
                         time.sleep(0.1)
-                stop_process(run.proc, self.grace)
+                stop_process(run.proc, self._pre_stop(run))
                 break
             kill = self._probe(run, probes, due, streak)
             if kill:
@@ -288,6 +288,17 @@ class PodWorker:
             time.sleep(0.1)
         code = run.proc.wait()
         return 128 - code if code < 0 else code
+
+    def _pre_stop(self, run: ContainerRun) -> float:
+        """A preStop `sleep` hook (the one hook action run here) before SIGTERM, within the
+        grace period, which the hook and SIGTERM share as on a kubelet (that gives an
+        overrunning hook 2 s more); returns the seconds left for SIGTERM."""
+        hook = ((run.spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+        slept = min(float(hook.get("seconds", 0)), self.grace)
+        deadline = time.monotonic() + slept
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            time.sleep(0.1)
+        return max(self.grace - slept, 2.0)
 
     def _probe(self, run: ContainerRun, probes: dict, due: dict, streak: dict) -> bool:
         """Runs the probes that are due; True when the container must be killed."""

@@ -4,6 +4,8 @@ requests through the router, what each one got, and signals to a loopback pod's 
 A request is *failed* when it got an HTTP error, a refused connection or an error in its
 stream, and *cut off* when its stream ended without an error but with fewer tokens than it
 asked for (every request sets `ignore_eos`, so a complete answer has exactly `max_tokens`).
+The tokens are the stream's own count (`usage.completion_tokens` of its last chunk); a
+stream that ends before that chunk counts its content chunks (a token may decode to none).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
     _check_loopback(target)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                       "stream": True, **extra}).encode()
+                       "stream": True, "stream_options": {"include_usage": True},
+                       **extra}).encode()
     req = urllib.request.Request(target, data=body,
                                  headers={"Content-Type": "application/json"})
     began = time.monotonic()
@@ -59,6 +62,8 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
                         out.tokens += 1
                     if choice.get("finish_reason") not in (None, "length", "stop"):
                         out.error = f"finish_reason {choice['finish_reason']}"
+                if chunk.get("usage"):
+                    out.tokens = chunk["usage"]["completion_tokens"]
     except urllib.error.HTTPError as exc:
         out.error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
     except Exception as exc:  # a refused or reset connection, a read timeout

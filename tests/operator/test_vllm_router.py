@@ -80,3 +80,15 @@ def test_a_router_discovering_another_revision_has_not_rolled_out():
     other = live(deployment())
     other["spec"]["template"]["metadata"]["labels"][contract.PAIRING_LABEL] = "other"
     assert not vllm_router.rolled_out(deployment(), other)
+
+
+def test_a_leaving_router_pod_serves_what_it_holds_for_the_request_timeout():
+    """preStop sleeps the request timeout before SIGTERM (the endpoint is gone at once), and
+    the grace period covers the sleep."""
+    pod = deployment()["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    timeout = PLAN.prefill.faults.request_timeout_seconds
+    args = container["args"]
+    assert args[args.index("--request-timeout-secs") + 1] == str(timeout)
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": timeout}}
+    assert pod["terminationGracePeriodSeconds"] > timeout

@@ -3,8 +3,9 @@ through vllm-router, on the package's real engines: what the clients got (failed
 the longest wait), that every answer came from one revision's pair, and that a drain ends
 once the draining pods hold no request (the window is 300 s, so an early end shows).
 
-In turn, each under traffic (a request every 0.2 s, at most 2 in flight on the 2-core
-machine, bounded in count and seconds):
+In turn, each under traffic (one request in flight at a time, the next 0.2 s after the
+previous one started, as the 2-core machine allows while new engines start; bounded in count
+and seconds):
 1. a scale-down of the prefill role from two pods to one (the pod that leaves drains);
 2. a Surge rollout (a pairing flag changes): a new prefill/decode pair starts beside the
    old one, the router switches, the old pair drains;
@@ -69,7 +70,7 @@ def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
     counters = PodCounters(real, namespace, name).start()
     router = RouterEndpoint(real, namespace, name).start()
-    traffic = Traffic(router, deployment.model, max_requests=max_requests,
+    traffic = Traffic(router, deployment.model, parallel=1, max_requests=max_requests,
                       max_seconds=PHASE_TIMEOUT).start()
     time.sleep(3)                      # traffic flows before the edit
     deployment.apply(edit)
@@ -125,7 +126,7 @@ def test_surge_rollout_under_traffic(deployment):
         return (s.get("rollout") or {}).get("phase") == "Steady" and \
             s.get("revision") != old and revs == {s.get("revision")}
     summary, counters = under_traffic(deployment, "Surge rollout", SURGE, steady_on_new,
-                                      max_requests=800)
+                                      max_requests=600)
     record("Surge rollout", {"by_revision": counters.by_revision()})
     assert_none_failed(summary)
     assert_one_revision_per_answer(counters)

@@ -73,6 +73,12 @@ def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[st
     ]
 
 
+def _drain_seconds(plan: ServingPlan) -> int:
+    """How long a router pod that leaves keeps serving what it holds: vllm-router's own
+    request timeout, the longest a request can be in flight through it."""
+    return plan.prefill.faults.request_timeout_seconds
+
+
 def _placement(plan: ServingPlan) -> dict[str, Any]:
     """The router runs on the nodes spec.placement selects for the engines, next to them
     (no GPU is requested, so nothing GPU-specific is required)."""
@@ -105,6 +111,9 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                                         contract.PAIRING_LABEL: revision}},
                 "spec": {
                     **_placement(plan),
+                    # Its endpoint goes at once; the requests the pod still holds last at
+                    # most the request timeout, and it serves them until SIGTERM.
+                    "terminationGracePeriodSeconds": _drain_seconds(plan) + 10,
                     "serviceAccountName": contract.vllm_router(cr_name),
                     "automountServiceAccountToken": True,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
@@ -125,6 +134,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                              "containerPort": contract.VLLM_ROUTER_METRICS_PORT,
                              "protocol": "TCP"},
                         ],
+                        "lifecycle": {"preStop": {"sleep": {"seconds": _drain_seconds(plan)}}},
                         "livenessProbe": {"httpGet": {"path": "/liveness", "port": probe_port},
                                           "periodSeconds": 10, "failureThreshold": 3},
                         # Ready once it has healthy workers of both roles.
