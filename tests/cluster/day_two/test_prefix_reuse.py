@@ -1,8 +1,9 @@
 """Multi-turn sessions on two real prefill engines: does each turn find its prefix?
 
 The package's deployment (two prefill pods, one decode pod, vllm-router; the tiny dense
-model, as vLLM's CPU backend turns prefix caching off for MLA without AMX). Three sessions of four turns (tests/cluster/sessions.py) are sent three times,
-each time with new first turns so that only a session's own history is reusable:
+model, as vLLM's CPU backend turns prefix caching off for MLA without AMX). Three sessions
+of four turns (tests/cluster/sessions.py) are sent three times, each time with new first
+turns so that only a session's own history is reusable:
 
 - through vllm-router as the operator rendered it (`--policy cache_aware`);
 - through the upstream endpoint picker (the GIE EPP, whose approximate prefix index llm-d's
