@@ -290,9 +290,8 @@ class PodWorker:
         return 128 - code if code < 0 else code
 
     def _pre_stop(self, run: ContainerRun) -> float:
-        """A preStop `sleep` hook (the one hook action run here) before SIGTERM, within the
-        grace period, which the hook and SIGTERM share as on a kubelet (that gives an
-        overrunning hook 2 s more); returns the seconds left for SIGTERM."""
+        """A preStop `sleep` hook (the one hook action run here) within the grace period,
+        shared with SIGTERM as on a kubelet (2 s more after an overrun): the seconds left."""
         hook = ((run.spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
         slept = min(float(hook.get("seconds", 0)), self.grace)
         deadline = time.monotonic() + slept
