@@ -21,19 +21,18 @@ served by the restarted decode engine. Bounded: 8 requests after settling, each 
 
 from __future__ import annotations
 
-import json
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable
 
 import pytest
 
+from tests.cluster.day_two.deployment import Figures
 from tests.cluster.real_engines import kv_counters, metric, metrics, words
 from tests.cluster.sessions import remote_prefill
 from tests.cluster.traffic import Outcome, served, signal_engine, stream_chat
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -53,18 +52,7 @@ CASES = [
      f"the request in flight: an error event within {STOP_SECONDS} s, no token; "
      "served again within 60 s"),
 ]
-FIGURES: dict[str, dict[str, Any]] = {}
-# Kept after the session (its directory is removed): the figures docs/data-path.md quotes.
-FIGURES_FILE = REPO / ".pytest_cache" / "data-path-faults.json"
-
-
-def record(case: str, figures: dict[str, Any]) -> None:
-    FIGURES.setdefault(case, {}).update(figures)
-    # To the terminal: pytest and the in-process operator's runner capture sys.stdout.
-    sys.__stdout__.write(f"\n[faults] {case}: {json.dumps(figures)}\n")
-    sys.__stdout__.flush()
-    FIGURES_FILE.parent.mkdir(exist_ok=True)
-    FIGURES_FILE.write_text(json.dumps(FIGURES, indent=1))
+FIGURES = Figures("data-path-faults", "faults")
 
 
 def restarts(pod: dict[str, Any]) -> int:
@@ -135,12 +123,12 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     (got,) = out
     waited = time.monotonic() - killed
     case = "prefill lost before decode read its KV"
-    record(case, {"error": got.error, "tokens": got.tokens,
-                  "client_s_after_kill": round(waited, 1),
-                  "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+    FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
+                          "client_s_after_kill": round(waited, 1),
+                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
     trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
-    record(case, {"status": trace, "back_s": round(seconds_back),
-                  "events": [e[:160] for e in deployment.events() if e not in known]})
+    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back),
+                          "events": [e[:160] for e in deployment.events() if e not in known]})
     assert got.failed and got.tokens == 0, got
     assert waited < 30, f"the client waited {waited:.0f} s after the prefill died"
     next_one = stream_chat(deployment.router(), deployment.model, words(300, seed=42), 8)
@@ -165,11 +153,11 @@ def test_decode_lost_mid_answer(deployment):
     (got,) = out
     waited = time.monotonic() - killed
     case = "decode lost mid-answer"
-    record(case, {"error": got.error, "tokens": got.tokens,
-                  "client_s_after_kill": round(waited, 1)})
+    FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
+                          "client_s_after_kill": round(waited, 1)})
     trace, seconds_back = back(deployment, decode["metadata"]["name"], restarts(decode))
-    record(case, {"status": trace, "back_s": round(seconds_back),
-                  "events": [e[:160] for e in deployment.events() if e not in known]})
+    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back),
+                          "events": [e[:160] for e in deployment.events() if e not in known]})
     assert 0 < got.tokens < answer_tokens, got           # cut off, never complete
     assert waited < 30, f"the client waited {waited:.0f} s after decode died"
 
@@ -201,9 +189,9 @@ def test_nixl_side_channel_unreachable(deployment):
     (got,) = out
     waited = time.monotonic() - stopped
     case = "NIXL side channel unreachable"
-    record(case, {"error": got.error, "tokens": got.tokens,
-                  "client_s_after_stop": round(waited, 1),
-                  "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+    FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
+                          "client_s_after_stop": round(waited, 1),
+                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
     assert got.failed and got.tokens == 0, got
     assert waited < STOP_SECONDS, f"the client waited {waited:.0f} s for the side channel"
     # Requests right after the prefill resumes may still meet the failed handshake's state:
@@ -217,6 +205,6 @@ def test_nixl_side_channel_unreachable(deployment):
         return not attempt.failed and attempt.tokens == 8
     started = time.monotonic()
     wait_for(served_again, 60, "a request served after the side channel came back", 1)
-    record(case, {"failed_after_resume": len(attempts) - 1,
-                  "served_again_s": round(time.monotonic() - started, 1),
-                  "errors_after_resume": [a.error for a in attempts[:-1]]})
+    FIGURES.record(case, {"failed_after_resume": len(attempts) - 1,
+                          "served_again_s": round(time.monotonic() - started, 1),
+                          "errors_after_resume": [a.error for a in attempts[:-1]]})

@@ -14,17 +14,15 @@ seconds):
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from typing import Any
 
 import pytest
 
-from tests.cluster.day_two.deployment import DRAIN_SECONDS, is_ready
+from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
 from tests.cluster.real_engines import chat, words
 from tests.cluster.traffic import PodCounters, RouterEndpoint, Traffic
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -52,18 +50,7 @@ CASES = [
      "test_decode_only_in_place_edit_under_traffic",
      "the requests in flight while decode restarts (counted, not required); served after"),
 ]
-FIGURES: dict[str, dict[str, Any]] = {}
-# Kept after the session (its directory is removed): the figures docs/data-path.md quotes.
-FIGURES_FILE = REPO / ".pytest_cache" / "traffic-rollouts.json"
-
-
-def record(case: str, figures: dict[str, Any]) -> None:
-    FIGURES.setdefault(case, {}).update(figures)
-    # To the terminal: pytest and the in-process operator's runner capture sys.stdout.
-    sys.__stdout__.write(f"\n[traffic] {case}: {json.dumps(figures)}\n")
-    sys.__stdout__.flush()
-    FIGURES_FILE.parent.mkdir(exist_ok=True)
-    FIGURES_FILE.write_text(json.dumps(FIGURES, indent=1))
+FIGURES = Figures("traffic-rollouts", "traffic")
 
 
 def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
@@ -92,7 +79,7 @@ def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
         counters.stop()
     summary = {**traffic.summary(), "seconds": round(took),
                "events": [e[:200] for e in deployment.events() if e not in known]}
-    record(case, summary)
+    FIGURES.record(case, summary)
     return summary, counters
 
 
@@ -135,7 +122,7 @@ def test_surge_rollout_under_traffic(deployment):
             s.get("revision") != old and revs == {s.get("revision")}
     summary, counters = under_traffic(deployment, "Surge rollout", SURGE, steady_on_new,
                                       max_requests=400)
-    record("Surge rollout", {"by_revision": counters.by_revision()})
+    FIGURES.record("Surge rollout", {"by_revision": counters.by_revision()})
     assert_none_failed(summary)
     assert_one_revision_per_answer(counters)
     served = counters.by_revision()
