@@ -11,8 +11,8 @@ import torch
 
 from longctx_kernels.indexer import radix_topk_cuda, topk_reference
 from longctx_kernels.measure import relative_error as rel
-from longctx_kernels.sparse_mla import (pack_fp8_ds_mla_rows, sparse_mla_decode_auto, sparse_mla_decode_cuda,
-                                        sparse_mla_decode_reference, sparse_mla_decode_wgmma)
+from longctx_kernels.sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode_reference
+from longctx_kernels.sparse_mla_cuda import sparse_mla_decode_auto, sparse_mla_decode_cuda, sparse_mla_decode_wgmma
 
 
 def _mla_case(decode, cache: torch.Tensor, batch: int, heads: int, k: int, padded: bool, gen: torch.Generator) -> tuple[float, bool]:

@@ -36,8 +36,8 @@ from longctx_kernels.cp_sharding import dcp_local_positions, dcp_local_positions
 from longctx_kernels.hisparse import gather_rows
 from longctx_kernels.indexer import FP8, indexer_logits, indexer_logits_reference, radix_topk, radix_topk_cuda
 from longctx_kernels.lse_merge import lse_merge, lse_merge_reference
-from longctx_kernels.sparse_mla import (random_fp8_ds_mla_cache, sparse_mla_decode, sparse_mla_decode_cuda,
-                                        sparse_mla_decode_reference, sparse_mla_decode_wgmma)
+from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache, sparse_mla_decode, sparse_mla_decode_reference
+from longctx_kernels.sparse_mla_cuda import sparse_mla_decode_cuda, sparse_mla_decode_wgmma
 
 ROWS: list[dict] = []
 CEIL: dict[str, float] = {}

@@ -23,7 +23,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
-from tests.cluster.controlplane import ControlPlane, model_volume  # noqa: E402
+from tests.cluster.controlplane import ControlPlane  # noqa: E402
+from tests.cluster.manifests import model_volume  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 from tests.cluster.kwok_stages import LOAD_IMAGE, LOAD_IMAGE_2  # noqa: E402
 from tests.cluster.sampling import SAMPLE_SECONDS, PoolSampler  # noqa: E402

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from longctx_kernels import cuda_module, measure
-from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache, sparse_mla_decode_cuda
+from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache
+from longctx_kernels.sparse_mla_cuda import sparse_mla_decode_cuda
 
 SOURCE = "sparse_mla_decode.cu"
 NO_PV = ("for (int c = 0; c < kChunks; ++c) {", "for (int c = 0; c < 0; ++c) {")

@@ -26,7 +26,8 @@ import torch
 from cuda.bindings import driver
 
 from longctx_kernels import cuda_module, measure
-from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache, sparse_mla_decode_cuda, sparse_mla_decode_wgmma
+from longctx_kernels.sparse_mla import random_fp8_ds_mla_cache
+from longctx_kernels.sparse_mla_cuda import sparse_mla_decode_cuda, sparse_mla_decode_wgmma
 
 MAX_CTAS, MAX_ITERATIONS = 1024, 32
 SPLITS = 2  # a request's slices: clusters of 2 CTAs, as the dispatchers pick at B=64 on an H200

@@ -22,7 +22,8 @@ for sub in ("engine", "operator", "kernels"):
     if str(REPO / sub) not in sys.path:
         sys.path.insert(0, str(REPO / sub))
 
-from tests.cluster.controlplane import ControlPlane, ControlPlaneError, model_volume  # noqa: E402
+from tests.cluster.controlplane import ControlPlane, ControlPlaneError  # noqa: E402
+from tests.cluster.manifests import model_volume  # noqa: E402
 
 # The kubernetes client reads KUBECONFIG once, at import, and Kopf logs in through it: fix
 # the path before anything imports it; the session's control plane writes the file there.
@@ -171,7 +172,7 @@ def running_operator() -> Iterator[Any]:
     """The operator, in-process (Kopf's runner), on the session's control plane."""
     from kopf.testing import KopfRunner
 
-    from tests.cluster.controlplane import free_port
+    from tests.cluster.processes import free_port
 
     settings_env = {"LONGCTX_WATCH_SERVER_TIMEOUT": "10",
                     "LONGCTX_METRICS_PORT": str(free_port()),  # served on 127.0.0.1

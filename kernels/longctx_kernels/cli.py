@@ -48,7 +48,8 @@ def _kernel_check():
 
     from .indexer import radix_topk_cuda
     from .measure import exact_topk, relative_error
-    from .sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_cuda, sparse_mla_decode_reference
+    from .sparse_mla import pack_fp8_ds_mla_rows, sparse_mla_decode, sparse_mla_decode_reference
+    from .sparse_mla_cuda import sparse_mla_decode_cuda
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     cache = pack_fp8_ds_mla_rows(torch.randn(64 * 64, 576, device="cuda", generator=gen)).reshape(64, 64, 656)

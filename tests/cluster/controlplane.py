@@ -8,14 +8,10 @@ Used by the pytest session fixture (tests/conftest.py) and by `make demo`
 from __future__ import annotations
 
 import base64
-import ctypes
-import datetime
-import ipaddress
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +25,10 @@ from typing import Any
 import yaml
 
 from tests.cluster.kwok_stages import write_stages
+from tests.cluster.manifests import h200_node
+from tests.cluster.pki import write_kubeconfig, write_pki
 from tests.cluster.pod_runner import loopback_node
+from tests.cluster.processes import die_with_parent, free_port, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "build-control-plane.sh"
@@ -78,144 +77,6 @@ def share_dir_for(bin_dir: Path) -> Path:
     return candidates[-1]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: kill it when the process that started it dies, so a
-    killed test run leaves no control plane behind (Linux prctl PR_SET_PDEATHSIG). SIGKILL:
-    kube-apiserver waits forever on SIGTERM once its etcd is gone, and the state is scratch."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-
-
-def _terminate(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ensure_port_free(port: int, what: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise ControlPlaneError(f"port 127.0.0.1:{port} for {what} is taken ({exc}); stop "
-                                    "whatever holds it or let the fixture pick ports") from exc
-
-
-# ------------------------------------------------------------------ certificates
-
-
-def _write_pki(pki: Path) -> None:
-    """A CA, a serving certificate for 127.0.0.1/localhost, and a service-account key pair."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    def key() -> rsa.RSAPrivateKey:
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    def pem_key(k: rsa.RSAPrivateKey) -> bytes:
-        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                               serialization.NoEncryption())
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "longctx-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    serving_key = key()
-    serving = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-               .issuer_name(ca_name).public_key(serving_key.public_key())
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=2))
-               .add_extension(x509.SubjectAlternativeName([
-                   x509.DNSName("localhost"), x509.DNSName("kubernetes.default.svc"),
-                   x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                   x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]), critical=False)
-               .sign(ca_key, hashes.SHA256()))
-    sa_key = key()
-    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (pki / "ca.key").write_bytes(pem_key(ca_key))
-    (pki / "apiserver.crt").write_bytes(serving.public_bytes(serialization.Encoding.PEM))
-    (pki / "apiserver.key").write_bytes(pem_key(serving_key))
-    (pki / "sa.key").write_bytes(pem_key(sa_key))
-    (pki / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-
-
-def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, user: str) -> None:
-    config = {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "longctx", "cluster": {
-            "server": server,
-            "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode()}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "longctx", "context": {"cluster": "longctx", "user": user}}],
-        "current-context": "longctx",
-    }
-    path.write_text(yaml.safe_dump(config))
-
-
-# ------------------------------------------------------------------ nodes
-
-
-def h200_node(name: str) -> dict[str, Any]:
-    """A kwok-managed node shaped like an 8x H200 server (2 x 56-core CPUs, 2 TiB RAM),
-    labelled as GPU feature discovery labels one (product, count, memory in MiB)."""
-    resources = {"cpu": "224", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "8",
-                 "ephemeral-storage": "30Ti", "rdma/ib": "8"}
-    return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                       "kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H200",
-                       "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "143771"},
-        },
-        "spec": {},
-        "status": {"capacity": resources, "allocatable": resources,
-                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                                "kubeletVersion": "fake"}},
-    }
-
-
-def model_volume(namespace: str, claim: str = "models") -> str:
-    """A pre-bound PersistentVolume and its claim: the weights the example mounts.
-    The control plane has no provisioner, so the volume is static."""
-    pv = f"{claim}-{namespace}"
-    docs = [
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-         "spec": {"capacity": {"storage": "2Ti"}, "accessModes": ["ReadOnlyMany"],
-                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                  "hostPath": {"path": "/mnt/models"},
-                  "claimRef": {"namespace": namespace, "name": claim}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": claim, "namespace": namespace},
-         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-                  "resources": {"requests": {"storage": "2Ti"}}}},
-    ]
-    return "\n---\n".join(yaml.safe_dump(d) for d in docs)
-
-
 # ------------------------------------------------------------------ the control plane
 
 
@@ -243,7 +104,7 @@ class ControlPlane:
         self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="longctx-cp-"))
         pki = self.workdir / "pki"
         pki.mkdir(parents=True, exist_ok=True)
-        _write_pki(pki)
+        write_pki(pki)
         (self.workdir / "tokens.csv").write_text(
             f'{self.admin_token},admin,admin-uid,"system:masters"\n')
         try:
@@ -265,7 +126,7 @@ class ControlPlane:
         logf = open(self.workdir / f"{name}.log", "ab")   # a restarted process appends
         proc = subprocess.Popen([str(binary), *args], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         self.processes[name] = proc
         return proc
 
@@ -346,7 +207,7 @@ class ControlPlane:
         """Stops kube-apiserver (etcd keeps the state), waits, starts it again on the same
         address and returns once it is ready: clients see their watches end and their
         requests refused meanwhile."""
-        _terminate(self.processes["kube-apiserver"], 30)
+        terminate(self.processes["kube-apiserver"], 30)
         time.sleep(down_seconds)
         self._spawn("kube-apiserver", self._apiserver_args)
         self._wait_apiserver(self.workdir / "pki")
@@ -440,7 +301,7 @@ class ControlPlane:
     def stop(self) -> None:
         # Reverse start order: kwok, scheduler, controller-manager, apiserver, etcd.
         for name in reversed(list(self.processes)):
-            _terminate(self.processes[name], 10)
+            terminate(self.processes[name], 10)
         self.processes.clear()
         if getattr(self, "_own_workdir", False) and self.workdir and not os.environ.get(
                 "LONGCTX_KEEP_CLUSTER_DIR"):

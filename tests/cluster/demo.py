@@ -14,9 +14,9 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from tests.cluster.controlplane import REPO, ControlPlane, model_volume
+from tests.cluster.controlplane import REPO, ControlPlane
+from tests.cluster.manifests import model_volume
 from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
                                         measured_request, words)

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cluster.controlplane import REPO, _die_with_parent, free_port
+from tests.cluster.controlplane import REPO
+from tests.cluster.processes import die_with_parent, free_port
 
 
 class OperatorProcess:
@@ -37,7 +38,7 @@ class OperatorProcess:
                    *self.args]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         return self
 
     @property

@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tests.cluster.controlplane import free_port
+from tests.cluster.processes import free_port
 from tests.conftest import REPO, wait_for
 
 # grpc.health.v1 HealthCheckRequest{service} and HealthCheckResponse{status: SERVING}, encoded

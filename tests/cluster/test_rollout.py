@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from longctx_core import contract
-from tests.cluster.controlplane import h200_node
 from tests.cluster.kwok_stages import CRASH_IMAGE, LOAD_IMAGE, LOAD_IMAGE_2
+from tests.cluster.manifests import h200_node
 from tests.cluster.sampling import SAMPLE_SECONDS, PoolSampler
 from tests.conftest import example_cr, revision_of, sts_name, wait_for
 

@@ -25,7 +25,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tests.cluster.controlplane import free_port
+from tests.cluster.processes import free_port
 from tests.cluster.sampling import PoolSampler
 from tests.cluster.test_reconcile import condition
 from tests.conftest import example_cr, wait_for

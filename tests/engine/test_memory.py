@@ -15,7 +15,7 @@ from longctx_core.sizing import kv_sizing, memory, models, planner
 from longctx_core.vllm_config.identity import PodIdentity
 from longctx_core.sizing.roles import serving_plan
 from longctx_core.vllm_config.recipes import pod_command
-from tests.engine.test_planner import ONE_M, spec_with
+from tests.engine.planner_support import ONE_M, spec_with
 
 GLM = models.PRESETS["glm-5.3"]
 

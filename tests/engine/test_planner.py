@@ -1,119 +1,20 @@
-"""The capacity planner reproduces the seed's GLM-5.3 figures from the architecture alone,
-and refuses layouts that cannot hold maxContextTokens, naming what to change."""
+"""The capacity planner reproduces the seed's GLM-5.3 figures for the example, and refuses
+layouts that cannot hold maxContextTokens, naming what to change."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
-import yaml
 
-from longctx_core.api import model_types as api_model, spec as api
-from longctx_core.sizing import host_memory, kv_sizing, models, placement, planner
+from longctx_core.api import spec as api
+from longctx_core.sizing import planner
 from longctx_core.api.spec import load_spec
-from longctx_core.sizing.layout import Layout
 from longctx_core.launcher.quantity import GiB
-from tests.contract.variants import deep_merge
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
-GLM = models.PRESETS["glm-5.3"]
-ONE_M = 1_048_576
-K = 1024
-
-
-def example_spec() -> dict:
-    return yaml.safe_load(EXAMPLE.read_text())["spec"]
-
-
-def spec_with(**changes) -> api.LongContextDeploymentSpec:
-    """The example spec with nested overrides: spec_with(prefill={"dataParallel": 8})."""
-    raw = example_spec()
-    deep_merge(raw, changes)
-    return load_spec(raw)
-
-
-DP8_PREFILL = {"contextParallel": {"prefill": 1, "decode": 1}, "dataParallel": 8,
-               "cpuOffloadPerRank": "64Gi"}
-
-
-# ------------------------------------------------------------ the seed's figures
-
-
-def test_bytes_per_token_is_54728():
-    bpt = kv_sizing.kv_bytes_per_token(GLM, "fp8")
-    assert (bpt.mla, bpt.indexer, bpt.mtp) == (78 * 656, 21 * 132, 656 + 132)
-    assert bpt.total == 54_728
-
-
-# 53.4 GiB is the seed's one-decimal rounding of 53.445 GiB, so the tolerance is 0.06 GiB.
-def test_one_million_token_request_is_53_4_gib():
-    bpt = kv_sizing.kv_bytes_per_token(GLM)
-    assert kv_sizing.request_kv_bytes(bpt, ONE_M) / GiB == pytest.approx(53.4, abs=0.06)
-
-
-@pytest.mark.parametrize("pcp, dcp, dp, expected_gib", [
-    (8, 8, 1, 6.7),     # PCP8 x DCP8: 53.4 / 8
-    (8, 1, 1, 53.4),    # PCP alone replicates the KV on every rank
-    (1, 1, 8, 53.4),    # DP8: a whole request on one GPU
-])
-def test_kv_per_gpu_under_context_parallelism(pcp, dcp, dp, expected_gib):
-    bpt = kv_sizing.kv_bytes_per_token(GLM)
-    layout = Layout(prefillContextParallel=pcp, decodeContextParallel=dcp,
-                                dataParallel=dp)
-    assert kv_sizing.kv_bytes_per_gpu(bpt, ONE_M, layout) / GiB == \
-        pytest.approx(expected_gib, abs=0.05)
-
-
-@pytest.mark.parametrize("layout, heads, flops_per_byte", [
-    (Layout(tensorParallel=8), 8, 26),                         # TP8
-    (Layout(prefillContextParallel=8), 64, 191),               # PCP8
-    (Layout(prefillContextParallel=8, decodeContextParallel=8), 64, 191),
-    (Layout(tensorParallel=8, decodeContextParallel=8), 64, 191),  # DCP Q gather
-])
-def test_sparse_mla_flops_per_byte(layout, heads, flops_per_byte):
-    assert kv_sizing.heads_per_gpu(GLM, layout) == heads
-    assert kv_sizing.sparse_mla_flops_per_byte(GLM, heads) == pytest.approx(flops_per_byte, abs=0.5)
-
-
-def test_flops_per_byte_matches_footnote_arithmetic():
-    # 8 heads: 35.7 MFLOP over 1.37 MB; 64 heads: 285 MFLOP over 1.49 MB.
-    assert kv_sizing.flops_per_row_per_head(GLM) == 2176
-    assert kv_sizing.query_output_bytes_per_head(GLM) == 2176
-    assert 2048 * 8 * 2176 / 1e6 == pytest.approx(35.7, abs=0.05)
-    assert (2048 * 660 + 64 * 2176) / 1e6 == pytest.approx(1.49, abs=0.005)
-
-
-@pytest.mark.parametrize("layout, seed_tokens", [
-    (Layout(tensorParallel=8), 32 * K),            # TP8: ~32K
-    (Layout(prefillContextParallel=8), 256 * K),   # PCP8: ~256K
-])
-def test_indexer_crossover(layout, seed_tokens):
-    crossover = kv_sizing.indexer_crossover_tokens(GLM, kv_sizing.heads_per_gpu(GLM, layout))
-    # Tolerance 3%: the seed quotes round figures ("unos 32K", "unos 256K").
-    assert crossover == pytest.approx(seed_tokens, rel=0.03)
-
-
-def test_indexer_crossover_is_where_flop_counts_meet():
-    heads = 8
-    crossover = kv_sizing.indexer_crossover_tokens(GLM, heads)
-
-    def indexer(length):  # per GPU under TP8: replicated
-        return GLM.indexLayers * length ** 2 / 2 * GLM.indexHeads * GLM.indexHeadDim * 2
-
-    def mla(length):
-        return GLM.layers * length * GLM.indexTopK * heads * 2176
-
-    assert indexer(crossover * 0.99) < mla(crossover * 0.99)
-    assert indexer(crossover * 1.01) > mla(crossover * 1.01)
-
-
-def test_no_crossover_without_an_indexer():
-    dense = api_model.Architecture(layers=4, attentionHeads=16, kvLoraRank=512, qkRopeHeadDim=64)
-    assert kv_sizing.indexer_crossover_tokens(dense, 16) is None
+from tests.engine.planner_support import (DP8_PREFILL, GLM, K, ONE_M, example_spec, offered_value,
+                                          spec_with)
 
 
 # ------------------------------------------------------------ the example and the baselines
@@ -260,15 +161,6 @@ def test_explicit_architecture_without_weights_needs_a_budget():
     assert plan.prefill.fits
 
 
-def test_replicated_bytes_unset_divides_everything_by_the_ep_group():
-    arch = GLM
-    layout = Layout(prefillContextParallel=8)
-    without = api_model.Architecture(**{**arch.__dict__, "replicatedParameterBytes": None})
-    total = int(arch.parameterBytes)
-    assert kv_sizing.weights_bytes_per_gpu(without, layout) == -(-total // 8)
-    assert kv_sizing.weights_bytes_per_gpu(arch, layout) > total / 8
-
-
 def test_deepseek_preset_plans():
     raw = example_spec()
     raw["model"]["preset"] = "deepseek-v3.2"
@@ -320,73 +212,7 @@ def test_capacity_plan_is_frozen():
         plan.refusal = "x"  # type: ignore[misc]
 
 
-# ------------------------------------------------------------ host memory of the nodes
-
-
-def _node(name: str, memory: str, gpu_mib: str | None = None, **labels: str) -> host_memory.NodeMemory:
-    meta_labels = {placement.GPU_PRODUCT_LABEL: "NVIDIA-H200", **labels}
-    if gpu_mib:
-        meta_labels[host_memory.GPU_MEMORY_LABEL] = gpu_mib
-    return host_memory.NodeMemory.from_manifest({"metadata": {"name": name, "labels": meta_labels},
-                                             "status": {"allocatable": {"memory": memory}}})
-
-
-def test_offline_the_host_memory_is_not_checked_and_the_plan_says_so():
-    plan = planner.plan(spec_with())
-    assert plan.fits and plan.host_memory["checked"] is False
-    assert any("host memory per pod was not checked" in n for n in plan.notes)
-
-
-def test_the_example_fits_the_largest_selected_node():
-    plan = planner.plan(spec_with(), [_node("small", "64Gi"), _node("big", "2Ti")])
-    assert plan.fits, plan.refusal
-    assert plan.host_memory["largestAllocatableGiB"] == 2048
-    assert plan.host_memory["prefillPodGiB"] < 2048 and plan.host_memory["decodePodGiB"] < 2048
-
-
-@pytest.mark.parametrize("change, field", [
-    ({"prefill": {"cpuOffloadPerRank": "1Ei"}}, "spec.prefill.cpuOffloadPerRank (1Ei)"),
-    ({"decode": {"hiSparse": {"hostPoolPerRank": "1Pi"}}},
-     "spec.decode.hiSparse.hostPoolPerRank (1Pi)"),
-    ({"decode": {"cpuOffloadPerRank": "300Gi"}}, "spec.decode.cpuOffloadPerRank (300Gi)"),
-])
-def test_a_pod_larger_than_every_selected_node_is_refused_naming_the_field(change, field):
-    plan = planner.plan(spec_with(**change), [_node("h200-0", "1Ti"), _node("h200-1", "2Ti")])
-    assert not plan.fits and plan.reason == "InsufficientHostMemory"
-    assert field in plan.refusal
-    assert "(h200-1, nvidia.com/gpu.product=NVIDIA-H200) has 2048.0 GiB allocatable" in \
-        plan.refusal, plan.refusal
-
-
-def test_only_the_nodes_the_placement_selects_count():
-    nodes = [_node("other", "64Ti", **{placement.GPU_PRODUCT_LABEL: "NVIDIA-B200"}),
-             _node("h200", "256Gi")]
-    plan = planner.plan(spec_with(), nodes)
-    assert not plan.fits and "(h200," in plan.refusal
-    pool = spec_with(placement={"nodeSelector": {"pool": "long"}})
-    skipped = planner.plan(pool, nodes)
-    assert skipped.fits and skipped.host_memory["checked"] is False
-    assert any("no node matches the placement" in n for n in skipped.notes)
-
-
-def test_gpu_figures_are_bounded_by_the_gpu():
-    labelled = [_node("h200", "2Ti", gpu_mib="143771")]
-    plan = planner.plan(spec_with(capacity={"gpuMemory": "1Ei"}), labelled)
-    assert not plan.fits and "spec.capacity.gpuMemory (1Ei" in plan.refusal
-    for capacity, field in (({"kvBudgetPerGpu": "1Ti"}, "spec.capacity.kvBudgetPerGpu (1Ti)"),
-                            ({"activationReservePerGpu": "1Ti"},
-                             "spec.capacity.activationReservePerGpu (1Ti)")):
-        offline = planner.plan(spec_with(capacity=capacity))
-        assert not offline.fits and field in offline.refusal, offline.refusal
-
-
 # ------------------------------------------------------------ every refusal offers a value that fits
-
-
-def _offered(pattern: str, refusal: str) -> str:
-    found = re.findall(pattern, refusal)
-    assert found, refusal
-    return found[0]
 
 
 def test_an_unknown_kv_budget_is_refused_with_the_budget_one_request_needs():
@@ -406,36 +232,10 @@ def test_a_hisparse_request_too_large_for_the_gpu_is_refused_with_a_context_that
     spec = spec_with(capacity={"kvBudgetPerGpu": "2Gi"})
     plan = planner.plan(spec)
     assert not plan.fits and "HiSparse request keeps" in plan.refusal
-    tokens = int(_offered(r"HiSparse request keeps .*?maxContextTokens to at most (\d+)",
-                          plan.refusal))
+    tokens = int(offered_value(r"HiSparse request keeps .*?maxContextTokens to at most (\d+)",
+                               plan.refusal))
     assert planner.plan(spec_with(capacity={"kvBudgetPerGpu": "2Gi"},
                                   maxContextTokens=tokens)).decode.fits
     assert not planner.plan(spec_with(capacity={"kvBudgetPerGpu": "2Gi"},
                                       maxContextTokens=tokens + 64)).decode.fits
 
-
-@pytest.mark.parametrize("change", [{"decode": {"cpuOffloadPerRank": "300Gi"}},
-                                    {"decode": {"hiSparse": {"hostPoolPerRank": "200Gi"}}}])
-def test_a_pod_too_large_for_the_nodes_is_refused_with_a_value_that_fits(change):
-    nodes = [_node("h200", "1Ti")]
-    plan = planner.plan(spec_with(**change), nodes)
-    assert not plan.fits
-    value = _offered(r"lower it to at most (\d+Gi)", plan.refusal)
-    ((role, fields),) = change.items()
-    ((name, old),) = fields.items()
-    fixed = {role: {name: {"hostPoolPerRank": value} if isinstance(old, dict) else value}}
-    assert planner.plan(spec_with(**fixed), nodes).fits
-
-
-def test_an_auto_pool_too_large_for_the_nodes_is_refused_with_the_requests_that_fit():
-    nodes = [_node("h200", "1Ti")]
-    spec = spec_with(decode={"hiSparse": {"hostPoolPerRank": "auto", "requestsPerRank": 3}})
-    plan = planner.plan(spec, nodes)
-    assert not plan.fits and "hostPoolPerRank (auto = " in plan.refusal
-    requests = int(_offered(r"requestsPerRank \(3\) to at most (\d+)", plan.refusal))
-    assert planner.plan(spec_with(decode={"hiSparse": {"requestsPerRank": requests}}),
-                        nodes).fits
-
-
-def test_a_node_without_a_memory_quantity_is_ignored():
-    assert host_memory.NodeMemory.from_manifest({"metadata": {"name": "x"}, "status": {}}) is None

@@ -11,7 +11,7 @@ from longctx_core.sizing import suggest
 from longctx_core.launcher.quantity import GiB
 from longctx_core.sizing.rules import problems
 from longctx_operator import cli
-from tests.engine.test_planner import EXAMPLE, spec_with
+from tests.engine.planner_support import EXAMPLE, spec_with
 
 
 @pytest.mark.parametrize("gpus, memory", [(8, None), (8, 2048 * GiB), (16, 2048 * GiB)])

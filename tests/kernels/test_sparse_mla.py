@@ -2,14 +2,12 @@ import pytest
 import torch
 
 from longctx_kernels.sparse_mla import (
-    _cuda_splits,
-    _wgmma_splits,
     pack_fp8_ds_mla_rows,
     sparse_mla_decode,
-    sparse_mla_decode_auto,
     sparse_mla_decode_reference,
     unpack_fp8_ds_mla_rows,
 )
+from longctx_kernels.sparse_mla_cuda import _cuda_splits, _wgmma_splits, sparse_mla_decode_auto
 
 from .conftest import relative_error
 
