@@ -8,6 +8,7 @@ import copy
 import pytest
 import yaml
 
+from longctx_core import contract
 from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import load_spec
 from longctx_core.sizing.planner import plan
@@ -69,6 +70,11 @@ def test_cpu_launch_document():
     doc = launch_document(serving_plan(cpu_spec()).decode, "tiny", "demo")
     assert doc.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "VLLM_USE_V2_MODEL_RUNNER" not in doc.env   # needs Triton (config/vllm.py:3190)
+    # What the engine's vLLM plugin applies: no NIXL progress thread spinning a core.
+    assert doc.env[contract.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    gpu = launch_document(serving_plan(cpu_spec(lambda d: d["engine"].update(
+        platform="gpu"))).decode, "tiny", "demo")
+    assert contract.ENV_NIXL_PROGRESS_DELAY_US not in gpu.env
     assert doc.argv[doc.argv.index("--host") + 1] == "${POD_IP}"
     assert "--enforce-eager" in doc.argv and "--enable-expert-parallel" not in doc.argv
     assert {r.kind for r in doc.requirements} == {"shm", "host-memory"}
