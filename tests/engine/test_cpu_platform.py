@@ -72,9 +72,10 @@ def test_cpu_launch_document():
     assert "VLLM_USE_V2_MODEL_RUNNER" not in doc.env   # needs Triton (config/vllm.py:3190)
     # What the engine's vLLM plugin applies: no NIXL progress thread spinning a core.
     assert doc.env[contract.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    assert doc.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"   # the worker in the engine core
     gpu = launch_document(serving_plan(cpu_spec(lambda d: d["engine"].update(
         platform="gpu"))).decode, "tiny", "demo")
-    assert contract.ENV_NIXL_PROGRESS_DELAY_US not in gpu.env
+    assert not {contract.ENV_NIXL_PROGRESS_DELAY_US, "VLLM_ENABLE_V1_MULTIPROCESSING"} & set(gpu.env)
     assert doc.argv[doc.argv.index("--host") + 1] == "${POD_IP}"
     assert "--enforce-eager" in doc.argv and "--enable-expert-parallel" not in doc.argv
     assert {r.kind for r in doc.requirements} == {"shm", "host-memory"}
