@@ -45,6 +45,11 @@ def ready_pods(cluster, namespace: str) -> dict[str, int]:
     return out
 
 
+def engine_pods(cluster, namespace: str) -> list[dict]:
+    return [p for p in cluster.list("pods", namespace, f"app.kubernetes.io/instance={NAME}")
+            if p["metadata"]["labels"].get(contract.COMPONENT_LABEL) in contract.ROLES]
+
+
 def rolled_to(cluster, namespace: str, digests: dict[str, str]) -> bool:
     for role, digest in digests.items():
         stss = cluster.list("statefulsets", namespace,
@@ -54,8 +59,11 @@ def rolled_to(cluster, namespace: str, digests: dict[str, str]) -> bool:
         sts = stss[0]
         template = sts["spec"]["template"]["metadata"]["annotations"]
         st = sts.get("status") or {}
+        # The controller has seen this template (else both revisions are still the old one).
         if template.get(contract.ENGINE_CONFIG_ANNOTATION) != digest or \
+                st.get("observedGeneration") != sts["metadata"]["generation"] or \
                 st.get("updateRevision") != st.get("currentRevision") or \
+                st.get("updatedReplicas", 0) != sts["spec"]["replicas"] or \
                 st.get("readyReplicas", 0) != sts["spec"]["replicas"]:
             return False
     return True
@@ -75,8 +83,7 @@ def test_a_new_rendering_rolls_in_place_and_status_names_the_operator(cluster, n
         wait_for(lambda: rolled_to(cluster, namespace, digests(cr, namespace)), 120,
                  "the first rendering")
     before = digests(cr, namespace)
-    uids = {p["metadata"]["uid"] for p in
-            cluster.list("pods", namespace, f"app.kubernetes.io/instance={NAME}")}
+    uids = {p["metadata"]["uid"] for p in engine_pods(cluster, namespace)}
 
     # The next operator build: a recalibrated fault setting (the NIXL lease) changes what it
     # renders for the same spec.
@@ -107,7 +114,7 @@ def test_a_new_rendering_rolls_in_place_and_status_names_the_operator(cluster, n
 
     assert seen and min(s["prefill"] for s in seen) >= 1 and min(s["decode"] for s in seen) >= 1, seen
     # Every pod was replaced (a kwok pod is Ready again too soon for sampling to see it).
-    pods = cluster.list("pods", namespace, f"app.kubernetes.io/instance={NAME}")
+    pods = engine_pods(cluster, namespace)
     assert len(pods) == 4 and not uids & {p["metadata"]["uid"] for p in pods}, "not restarted"
     cause = status["rolloutCause"]
     assert cause["cause"] == "operator" and sorted(cause["roles"]) == ["decode", "prefill"], cause
