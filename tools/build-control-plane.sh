@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the local control plane (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok, helm) from Go modules into a cache
+# kube-scheduler, kubectl, etcd, kwok) and helm from Go modules into a cache
 # outside the repository, keyed by version. Only what is missing is built.
 #
-#   tools/build-control-plane.sh            build what is missing, print the bin dir
-#   tools/build-control-plane.sh --regen    regenerate the wrapper go.mod files first
+#   tools/build-control-plane.sh                 build what is missing, print the bin dir
+#   tools/build-control-plane.sh --without-helm  the control plane alone (what `make demo`
+#                                                runs; helm is for the chart tests and crds)
+#   tools/build-control-plane.sh --regen         regenerate the wrapper go.mod files first
 #
 # Environment: LONGCTX_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/longctx).
 set -euo pipefail
@@ -117,12 +119,20 @@ fetch_module_files() {
 }
 
 main() {
-  if [[ "${1:-}" == "--regen" ]]; then regen_k8s_wrapper; regen_etcd_wrapper; fi
+  local binaries="etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl"
+  local helm=yes
+  case "${1:-}" in
+    --regen) regen_k8s_wrapper; regen_etcd_wrapper ;;
+    --without-helm) helm=no ;;
+  esac
   mkdir -p "$BIN"
   local t0=$SECONDS
   version_ok "$BIN/etcd" "etcd Version: $ETCD_VERSION" || timed "etcd v$ETCD_VERSION" build_etcd
   version_ok "$BIN/kwok" "$KWOK_VERSION" || timed "kwok v$KWOK_VERSION" build_kwok
-  version_ok "$BIN/helm" "v$HELM_VERSION" "version --short" || timed "helm v$HELM_VERSION" build_helm
+  if [[ $helm == yes ]]; then
+    binaries+=" helm"
+    version_ok "$BIN/helm" "v$HELM_VERSION" "version --short" || timed "helm v$HELM_VERSION" build_helm
+  fi
   if ! { version_ok "$BIN/kube-apiserver" "Kubernetes v$K8S_VERSION" \
          && version_ok "$BIN/kube-controller-manager" "Kubernetes v$K8S_VERSION" \
          && version_ok "$BIN/kube-scheduler" "Kubernetes v$K8S_VERSION" \
@@ -130,7 +140,7 @@ main() {
     timed "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl v$K8S_VERSION" build_k8s
   fi
   [[ -f "$BIN/../share-k8s${K8S_VERSION}/kwok-stages/pod-ready.yaml" ]] || fetch_module_files
-  for b in etcd kwok helm kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in $binaries; do
     [[ -x "$BIN/$b" ]] || { log "ERROR: $BIN/$b was not built"; exit 1; }
   done
   log "control plane binaries ready in $BIN ($((SECONDS - t0)) s)"

