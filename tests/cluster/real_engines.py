@@ -108,10 +108,14 @@ def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """A Prometheus text page as {'name{labels}': value} (sums of histograms included)."""
+    """A Prometheus text page as {'name{labels}': value} (sums of histograms included). A
+    read that fails (an HTTP error, a refused connection) raises, naming the URL."""
     _check_loopback(url)
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        text = resp.read().decode()
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            text = resp.read().decode()
+    except OSError as exc:    # urllib's URLError and HTTPError included
+        raise AssertionError(f"reading {url} failed: {exc}") from exc
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -124,15 +128,15 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def metric(samples: dict[str, float], name: str, **labels: str) -> float:
-    """The sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for key, value in samples.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
+    """The sum of the samples of `name` whose labels include `labels`. No such sample fails:
+    a missing series is not a zero (a caller for whom absence is a finding tests for the
+    name in `samples` itself)."""
+    matched = [value for key, value in samples.items()
+               if key.partition("{")[0] == name
+               and all(f'{k}="{v}"' in key.partition("{")[2] for k, v in labels.items())]
+    if not matched:
+        raise AssertionError(f"no sample of {name}{labels or ''} among {len(samples)} samples")
+    return sum(matched)
 
 
 # ------------------------------------------------------------------ the deployment

@@ -2,10 +2,13 @@
 requests through the router, what each one got, and signals to a loopback pod's engine.
 
 A request is *failed* when it got an HTTP error, a refused connection or an error in its
-stream, and *cut off* when its stream ended without an error but with fewer tokens than it
-asked for (every request sets `ignore_eos`, so a complete answer has exactly `max_tokens`).
-The tokens are the stream's own count (`usage.completion_tokens` of its last chunk); a
-stream that ends before that chunk counts its content chunks (a token may decode to none).
+stream, or was still open when the traffic stopped; it is *cut off* when its stream ended
+without an error but with fewer tokens than it asked for (every request sets `ignore_eos`,
+so a complete answer has exactly `max_tokens`). The tokens are the stream's own count
+(`usage.completion_tokens` of its last chunk); a stream that ends before that chunk counts
+its content chunks (a token may decode to none). A request's *wait* is the longest time its
+client had nothing arriving: from sending it to the first chunk of the stream, between two
+chunks, or from the last chunk to the end of the stream (or to its failure).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -20,15 +24,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tests.cluster.controlplane import ControlPlaneError
 from tests.cluster.real_engines import _check_loopback, metric, metrics, words
 
 
 @dataclass
 class Outcome:
-    started: float                      # seconds since the stream began
+    started: float                      # seconds since the traffic began
     seconds: float = 0.0                # until the answer ended (or failed)
-    tokens: int = 0                     # content chunks received
+    tokens: int = 0                     # the stream's tokens (see the module's docstring)
     error: str = ""                     # HTTP status, exception or the stream's error
+    wait: float = 0.0                   # the longest time nothing arrived (module docstring)
 
     @property
     def failed(self) -> bool:
@@ -47,13 +53,15 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
                        **extra}).encode()
     req = urllib.request.Request(target, data=body,
                                  headers={"Content-Type": "application/json"})
-    began = time.monotonic()
+    began = last = time.monotonic()
     out = Outcome(started=0.0)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             for line in resp:
                 if not line.startswith(b"data: {"):
                     continue
+                now = time.monotonic()
+                out.wait, last = max(out.wait, now - last), now
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     out.error = f"stream error: {chunk['error']}"[:300]
@@ -68,7 +76,8 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
         out.error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
     except Exception as exc:  # a refused or reset connection, a read timeout
         out.error = f"{type(exc).__name__}: {exc}"[:300]
-    out.seconds = time.monotonic() - began
+    ended = time.monotonic()
+    out.seconds, out.wait = ended - began, max(out.wait, ended - last)
     return out
 
 
@@ -76,7 +85,8 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
 class Traffic:
     """Requests started every `interval` seconds, at most `parallel` in flight (the 2-core
     machine's limit), until `max_requests` or `max_seconds`; each prompt is distinct. `url()`
-    gives the router to send each request to (a Service's Ready endpoint)."""
+    gives the router to send each request to (a Service's Ready endpoint). `stop()` waits for
+    the requests in flight; one still open after its wait is counted as failed."""
 
     url: Callable[[], str]
     model: str
@@ -93,6 +103,7 @@ class Traffic:
         self._slots = threading.Semaphore(self.parallel)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._open: dict[int, float] = {}      # request -> when it started (traffic clock)
         self._runner = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> "Traffic":
@@ -107,37 +118,61 @@ class Traffic:
             while not self._slots.acquire(timeout=0.2):
                 if self._stop.is_set():
                     return
+            with self._lock:
+                self._open[i] = time.monotonic() - self._began
             thread = threading.Thread(target=self._one, args=(i,), daemon=True)
             thread.start()
             self._threads.append(thread)
             time.sleep(self.interval)
 
     def _one(self, i: int) -> None:
-        started = time.monotonic() - self._began
         try:
             # Distinct prompts of distinct lengths: no prefix cache hit, and per-revision
             # token sums that a request crossing revisions would unbalance.
             out = stream_chat(self.url(), self.model,
                               words(self.prompt_words + i, seed=1000 + i), self.max_tokens)
-            out.started = started
             with self._lock:
-                self.outcomes.append(out)
+                # Gone from _open: stop() has already counted it as failed.
+                if i in self._open:
+                    out.started = self._open.pop(i)
+                    self.outcomes.append(out)
         finally:
             self._slots.release()
 
     def stop(self, timeout: float = 300) -> "Traffic":
+        """Starts no more requests and waits up to `timeout` s for those in flight."""
         self._stop.set()
+        deadline = time.monotonic() + timeout
         self._runner.join(timeout)
         for t in self._threads:
-            t.join(max(timeout - (time.monotonic() - self._began), 1))
+            t.join(max(deadline - time.monotonic(), 0))
+        with self._lock:
+            now = time.monotonic() - self._began
+            for started in self._open.values():
+                self.outcomes.append(Outcome(
+                    started=started, seconds=now - started, wait=now - started,
+                    error=f"still open when the traffic stopped, after {now - started:.0f} s"))
+            self._open.clear()
         return self
 
     def summary(self) -> dict[str, Any]:
+        """sent: requests started; failed and cut_off as defined in the module's docstring
+        (a request open at stop() is failed); longest_wait_s: the longest wait of any request
+        (the longest time a client had nothing arriving); longest_s: the longest request, end
+        to end; errors: what the failed ones got."""
         done = self.outcomes
         return {"sent": len(done), "failed": sum(o.failed for o in done),
                 "cut_off": sum(not o.failed and o.tokens < self.max_tokens for o in done),
+                "longest_wait_s": round(max((o.wait for o in done), default=0.0), 1),
                 "longest_s": round(max((o.seconds for o in done), default=0.0), 1),
                 "errors": sorted({o.error[:120] for o in done if o.failed})}
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    """Ready and not terminating: what a Service's endpoints would list."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (pod.get("status") or {}).get("conditions", []))
 
 
 class RouterEndpoint:
@@ -160,9 +195,7 @@ class RouterEndpoint:
     def refresh(self) -> None:
         pods = self.engines.pods(self.namespace, f"app.kubernetes.io/instance={self.name},"
                                                  "app.kubernetes.io/component=router")
-        ready = [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (p.get("status") or {}).get("conditions", []))]
+        ready = [p for p in pods if is_ready(p)]
         if ready:
             newest = max(ready, key=lambda p: p["metadata"]["creationTimestamp"])
             self._url = f"http://{newest['status']['podIP']}:8080"
@@ -192,13 +225,17 @@ def served(url: str) -> tuple[float, float]:
 
 
 class PodCounters:
-    """The last `served` figures read from every engine pod of a CR, by pod name and role
-    and revision, polled until stopped (a drained pod is deleted: its last figures stay)."""
+    """The last `served` figures read from every Ready engine pod of a CR, by pod UID (a
+    pod recreated under its name starts its counters again), with its role and revision,
+    polled until stopped (a drained pod is deleted: its last figures stay). A /metrics read
+    that fails while the pod is still Ready and not leaving is an error: `stop()` fails with
+    it. A pod list the API server does not answer skips that poll."""
 
     def __init__(self, engines: Any, namespace: str, name: str, period: float = 1.0):
         self.engines, self.namespace, self.name, self.period = engines, namespace, name, period
-        self.last: dict[str, tuple[str, str, float, float]] = {}   # pod -> role, rev, n, tok
+        self.last: dict[str, tuple[str, str, float, float]] = {}   # uid -> role, rev, n, tok
         self.first: dict[str, tuple[float, float]] = {}
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -207,36 +244,45 @@ class PodCounters:
         self._thread.start()
         return self
 
+    def _serving(self) -> dict[str, dict[str, Any]]:
+        """The CR's Ready, not terminating engine pods, by name."""
+        return {p["metadata"]["name"]: p for p in self.engines.pods(
+                    self.namespace, f"app.kubernetes.io/instance={self.name}")
+                if p["metadata"]["labels"].get("app.kubernetes.io/component")
+                in ("prefill", "decode") and is_ready(p)}
+
     def poll(self) -> None:
-        for pod in self.engines.pods(self.namespace, f"app.kubernetes.io/instance={self.name}"):
-            labels = pod["metadata"]["labels"]
-            role = labels.get("app.kubernetes.io/component")
-            ip = (pod.get("status") or {}).get("podIP")
-            if role not in ("prefill", "decode") or not ip:
-                continue
+        for pod_name, pod in self._serving().items():
             try:
-                n, tokens = served(f"http://{ip}:8000")
-            except Exception:
-                continue    # not serving yet, or gone
-            pod_name = pod["metadata"]["name"]
-            self.first.setdefault(pod_name, (n, tokens))
-            self.last[pod_name] = (role, labels["longctx.dev/pairing"], n, tokens)
+                n, tokens = served(f"http://{pod['status']['podIP']}:8000")
+            except Exception as exc:
+                if pod_name in self._serving():    # not a pod that left meanwhile
+                    self.errors.append(f"{pod_name}: {exc}"[:300])
+                continue
+            labels, uid = pod["metadata"]["labels"], pod["metadata"]["uid"]
+            self.first.setdefault(uid, (n, tokens))
+            self.last[uid] = (labels["app.kubernetes.io/component"],
+                              labels["longctx.dev/pairing"], n, tokens)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.poll()
+            try:
+                self.poll()
+            except (ControlPlaneError, subprocess.TimeoutExpired):
+                continue   # the API server is busy: the next poll reads every pod again
 
     def stop(self) -> "PodCounters":
         self._stop.set()
         self._thread.join(30)
         self.poll()
+        assert not self.errors, f"reading the engines' /metrics failed: {self.errors}"
         return self
 
     def by_revision(self) -> dict[str, dict[str, tuple[float, float]]]:
         """{revision: {role: (requests, prompt tokens) served since start()}}."""
         out: dict[str, dict[str, tuple[float, float]]] = {}
-        for pod, (role, rev, n, tokens) in self.last.items():
-            n0, t0 = self.first[pod]
+        for uid, (role, rev, n, tokens) in self.last.items():
+            n0, t0 = self.first[uid]
             have = out.setdefault(rev, {}).get(role, (0.0, 0.0))
             out[rev][role] = (have[0] + n - n0, have[1] + tokens - t0)
         return out
