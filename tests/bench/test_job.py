@@ -73,6 +73,16 @@ def test_the_job_runs_the_same_command_line_here():
     assert args.url and args.trace and args.emit_json and args.engine_metrics
 
 
+def test_rendering_writes_no_file(tmp_path):
+    """The trace travels in the ConfigMap: --render leaves the working directory as it was."""
+    proc = subprocess.run([sys.executable, "-m", "longctx_operator.cli", "bench", "-f",
+                           str(CPU_EXAMPLE), "--render", "--sessions", "1"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert job.TRACE_KEY in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_llm_d_routing_needs_the_gateway_address(tmp_path):
     proc = render_cli("-f", str(GPU_EXAMPLE), "--render", "--out", str(tmp_path))
     assert proc.returncode == 2

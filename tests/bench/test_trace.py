@@ -7,7 +7,7 @@ import json
 import pytest
 
 from longctx_operator.bench.trace import (BLOCK_TOKENS, TraceParams, flat_requests,
-                                          read_traces, synthesize, write_jsonl)
+                                          read_traces, synthesize, to_jsonl)
 
 
 def test_sessions_and_turns_as_asked_and_deterministic():
@@ -58,7 +58,7 @@ def test_subagents_are_nested_requests_with_their_own_blocks():
 def test_a_file_round_trips_and_bad_traces_name_the_field(tmp_path):
     traces = synthesize(TraceParams(sessions=2))
     path = tmp_path / "t.jsonl"
-    write_jsonl(traces, path)
+    path.write_text(to_jsonl(traces))
     assert read_traces(str(path)) == traces
     bad = dict(traces[0], requests=[{"t": 0, "in": 10, "hash_ids": [1]}])
     path.write_text(json.dumps(bad))

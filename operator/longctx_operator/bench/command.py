@@ -213,21 +213,18 @@ def _render_or_create(args: argparse.Namespace) -> int:
 
     from longctx_operator.manifests import ManifestDumper
     from longctx_operator.bench import job
-    from longctx_operator.bench.trace import write_jsonl
+    from longctx_operator.bench.trace import to_jsonl
 
     cr, spec = _load(args.file[0])
     plan = serving_plan(spec, cr["metadata"]["name"])
     model = cr["spec"]["model"].get("servedName") or cr["spec"]["model"]["name"]
     traces, _ = _traces(args, model)
-    scratch = Path(args.out)
-    scratch.mkdir(parents=True, exist_ok=True)
-    write_jsonl(traces, scratch / "trace.jsonl")
     corpus = Path(args.corpus).read_text() if args.corpus else \
         corpus_of_words() if args.word_corpus else None
     bench_args = ["--concurrency", args.concurrency, "--timeout", str(args.timeout),
                   "--label", args.label or cr["metadata"]["name"]]
     try:
-        objects = job.render(cr, plan, traces_jsonl=(scratch / "trace.jsonl").read_text(),
+        objects = job.render(cr, plan, traces_jsonl=to_jsonl(traces),
                              corpus=corpus, bench_args=bench_args,
                              url=args.url[0] if args.url else None, tokenizer=args.tokenizer,
                              image=args.image or job.BENCH_IMAGE)

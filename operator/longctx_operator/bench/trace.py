@@ -155,8 +155,9 @@ def read_traces(path: str) -> list[dict[str, Any]]:
     return traces
 
 
-def write_jsonl(traces: list[dict[str, Any]], path: Path) -> None:
-    path.write_text("".join(json.dumps(t, separators=(",", ":")) + "\n" for t in traces))
+def to_jsonl(traces: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(t, separators=(",", ":")) + "\n" for t in traces)
+
 
 
 def corpus_of_words(vocabulary: int = 900, words: int = 20000, seed: int = 0) -> str:
