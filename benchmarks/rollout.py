@@ -83,17 +83,16 @@ def run_case(cp: ControlPlane, strategy: str, replicas: int, load: float) -> dic
                input=yaml.safe_dump(manifest(name, LOAD_IMAGE_2, strategy, replicas)))
     wait(lambda: (r := revision(cp, namespace, name))[0] not in ("", old_rev)
          and settled(cp, namespace, name, r[0]), 300, f"{namespace} rollout")
-    time.sleep(1)
+    new_rev, _ = revision(cp, namespace, name)
+    old_prefix = f"{name}-prefill-{old_rev}"
+    switch = sampler.until(lambda s: s.selected == new_rev, 30, "the switch").t - edited
+    gone = sampler.until(lambda s: not any(p.startswith(old_prefix) for p in s.pods), 60,
+                         "the old pods deleted").t - edited
     sampler.stop.set()
     sampler.join()
     samples = sampler.samples
-    new_rev, _ = revision(cp, namespace, name)
     zero = sum(SAMPLE_SECONDS for s in samples
                if not (s.ready["prefill"] and s.ready["decode"]))
-    switch = next((s.t - edited for s in samples if s.selected == new_rev), float("nan"))
-    old_prefix = f"{name}-prefill-{old_rev}"
-    gone = next((s.t - edited for s in samples
-                 if not any(p.startswith(old_prefix) for p in s.pods)), float("nan"))
     chart = []
     for second in range(int(samples[-1].t - edited) + 1):
         bucket = [s for s in samples if second <= s.t - edited < second + 1]

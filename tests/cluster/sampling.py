@@ -1,11 +1,15 @@
 """Samples what the router would route to during a rollout: the InferencePool's selector and
-the Ready pods it selects, every 200 ms, through the API (tests and benchmarks/rollout.py)."""
+the Ready pods it selects, every 200 ms, through the API (tests and benchmarks/rollout.py).
+
+A check on the samples waits for the sample it needs (`PoolSampler.until`), not for the
+sampling to stop: the API server can answer later than the condition it reflects holds."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from longctx_core import contract
 
@@ -31,8 +35,31 @@ class PoolSampler(threading.Thread):
         self.kube, self.namespace, self.name = Kube.from_environment(), namespace, name
         self.samples: list[Sample] = []
         self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def until(self, check: Callable[[Sample], object], timeout: float, what: str) -> Sample:
+        """The first sample for which `check` holds, sampling on for up to `timeout` s until
+        one does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((s for s in list(self.samples) if check(s)), None)
+            if found is not None:
+                return found
+            if self.error is not None or not self.is_alive():
+                raise AssertionError(f"sampling stopped before {what}: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no sample with {what} in {timeout:.0f} s "
+                                     f"({len(self.samples)} samples)")
+            time.sleep(SAMPLE_SECONDS)
 
     def run(self) -> None:
+        try:
+            self._sample()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _sample(self) -> None:
         while not self.stop.is_set():
             started = time.monotonic()
             pool = self.kube.get("inference.networking.k8s.io/v1", "InferencePool",

@@ -65,6 +65,10 @@ def test_surge_image_upgrade_never_leaves_the_pool_empty_or_mixed(cluster, opera
         except AssertionError:  # what the rollout was doing
             print(json.dumps(status(cluster, namespace).get("rollout"), indent=1))
             raise
+        # The StatefulSets are gone; their pods may still be terminating.
+        switch = sampler.until(lambda s: s.selected == revision_of(new), 30,
+                               "the pool switched to the new revision")
+        gone = sampler.until(lambda s: not old_pods & s.pods, 60, "the old pods deleted")
     finally:
         sampler.stop.set()
         sampler.join()
@@ -73,10 +77,8 @@ def test_surge_image_upgrade_never_leaves_the_pool_empty_or_mixed(cluster, opera
     for s in samples:
         assert s.ready["prefill"] and s.ready["decode"], f"no Ready pod at +{s.t - edited:.1f} s"
         assert len(s.revisions) == 1, f"two revisions selected at +{s.t - edited:.1f} s"
-    switch = next(s for s in samples if s.selected == revision_of(new))
     assert switch.t - edited >= cluster.cp.load_seconds * 0.8, "switched before the new load"
     assert old_pods <= switch.pods, "the old pods were deleted before the new revision served"
-    gone = next(s for s in samples if not old_pods & s.pods)
     assert gone.t - switch.t >= 2.5, "the old revision was not drained"
     wait_for(lambda: {"RolloutStarted", "RolloutSwitched", "RolloutDrained"} <= event_reasons(
         cluster, namespace), 20, "the rollout's Events")

@@ -101,17 +101,16 @@ def test_scale_down_takes_pods_out_of_the_pool_before_deleting_them(cluster, ope
                  len(cluster.list("pods", namespace, "app.kubernetes.io/instance=glm,"
                                   "app.kubernetes.io/component in (prefill,decode)")) == 2,
                  60, "one unit left")
+        last = sampler.until(lambda s: len(s.pods) == 2, 30, "one unit's pods left")
     finally:
         sampler.stop.set()
         sampler.join()
     samples = sampler.samples
-    removed = samples[0].pods - samples[-1].pods
+    removed = samples[0].pods - last.pods
     assert len(removed) == 2, removed          # one prefill and one decode pod
-    selected = [set().union(*s.ready.values()) for s in samples]
-    left_pool = next(i for i, sel in enumerate(selected) if not removed & sel)
-    assert removed <= samples[left_pool].pods, "deleted before leaving the pool"
-    deleted = next(s.t for s in samples if not removed & s.pods)
-    assert deleted - samples[left_pool].t >= DRAIN_SECONDS * 0.8, "not drained"
+    left_pool = next(s for s in samples if not removed & set().union(*s.ready.values()))
+    assert removed <= left_pool.pods, "deleted before leaving the pool"
+    assert last.t - left_pool.t >= DRAIN_SECONDS * 0.8, "not drained"
     assert all(s.ready["prefill"] and s.ready["decode"] for s in samples)
 
 
