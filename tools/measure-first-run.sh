@@ -7,8 +7,9 @@
 #
 #   tools/measure-first-run.sh [TARGET...]    default: demo
 #
-# DIR is $LONGCTX_FIRST_RUN_DIR, default /tmp/longctx-first-run; it takes about 13 GB for the demo (the engine environment and the Go caches); it is kept
-# for inspection and emptied by the next run.
+# DIR is $LONGCTX_FIRST_RUN_DIR, default /tmp/longctx-first-run. It takes about 13 GB for the
+# demo (the engine environment and the Go caches), is kept for inspection and emptied by the
+# next run.
 set -uo pipefail
 TARGETS=("${@:-demo}")
 DIR=${LONGCTX_FIRST_RUN_DIR:-/tmp/longctx-first-run}
@@ -17,6 +18,7 @@ if [[ -e "$DIR" && ! -f "$DIR/.longctx-first-run" ]]; then
   echo "$DIR exists and was not made by this script: set LONGCTX_FIRST_RUN_DIR to another folder" >&2
   exit 2
 fi
+[[ -e "$DIR" ]] && chmod -R u+w "$DIR"   # Go leaves its module cache read-only
 rm -rf "$DIR"
 mkdir -p "$DIR/tree" "$DIR/cache"
 touch "$DIR/.longctx-first-run"
