@@ -10,7 +10,7 @@ PY = $(PYTHON_ENV)/bin/python
 OPERATOR_PY = $(shell tools/python-env.sh operator)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test test-day2 unit cluster-bins python-env operator-env engine-env bench-env crds plan render
+.PHONY: demo test test-day2 unit figures cluster-bins python-env operator-env engine-env bench-env crds plan render
 
 # pytest, vLLM 0.33.0 (the contract tests) and torch (the kernel tests): make test, make unit.
 python-env:
@@ -51,6 +51,12 @@ test-day2: python-env engine-env bench-env cluster-bins
 # Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
 unit: python-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
+
+# Every generated table of docs/: the figures the tests recorded (docs/figures/*.json) and
+# the tests' case tables (docs/reliability.md).
+figures: python-env
+	@$(PY) -m tests.figures --write
+	@$(PY) -m tests.reliability_doc --write
 
 crds: operator-env
 	@$(OPERATOR_PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml

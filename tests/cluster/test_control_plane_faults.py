@@ -24,6 +24,7 @@ from longctx_operator.controller.desired import desired_objects
 from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.test_reconcile import children
 from tests.conftest import REPO, example_cr, wait_for
+from tests.figures import Figures
 
 pytestmark = pytest.mark.cluster
 
@@ -48,6 +49,8 @@ FAULTS = [
     ("a transient ValidatingAdmissionPolicy denial", 1,
      "nothing: retried with backoff, converged with no further touch"),
 ]
+# What each fault measured, by its FAULTS row (docs/reliability.md).
+FIGURES = Figures("control-plane-faults", "control-plane")
 
 
 class Operator(OperatorProcess):
@@ -150,8 +153,8 @@ def test_random_operator_sigkills_end_with_exactly_the_desired_objects(
         time.sleep(rng.uniform(0.3, 2.0))
         mid_write += op.writes() > 0   # killed after it had started writing
         op.kill()
-    print(f"\n[faults] {KILLS} SIGKILLs in {time.monotonic() - started:.0f} s, {mid_write} after "
-          f"the operator had written; live {sorted(live)}")
+    FIGURES.record(FAULTS[0][0], {"kills": KILLS, "seconds": round(time.monotonic() - started),
+                                  "after_a_write": mid_write})
     operators.append(Operator(cluster, tmp_path, "final").start())
     begin = time.monotonic()
     for name in sorted(live):
@@ -160,7 +163,7 @@ def test_random_operator_sigkills_end_with_exactly_the_desired_objects(
     wait_for(lambda: all(children(cluster, namespace, n) == {} for n in gone), 60,
              "the deleted CRs' children collected")
     wait_for(lambda: _settled(cluster, namespace, live), 60, "pods settled")
-    print(f"[faults] converged {time.monotonic() - begin:.1f} s after the last kill")
+    FIGURES.record(FAULTS[0][0], {"converged_s": round(time.monotonic() - begin, 1)})
     assert_exactly_desired(cluster, namespace, live, gone)
 
 
@@ -192,7 +195,7 @@ def test_apiserver_restart_is_recovered_through_the_watches(cluster, namespace, 
         (picker_configmap(cluster, namespace, "ar") or {}).get("data", {})), 60,
         "the child recreated and the new spec applied", interval=0.2)
     took = time.monotonic() - back
-    print(f"\n[faults] apiserver restart: converged {took:.1f} s after it was back")
+    FIGURES.record(FAULTS[1][0], {"converged_s": round(took, 1)})
     assert op.alive and op.proc.pid == pid, "the operator restarted\n" + op.tail()
     assert took < 30
 
@@ -243,8 +246,9 @@ def test_a_conflict_storm_ends_restored_at_a_bounded_write_rate(cluster, namespa
     time.sleep(5)
     after = op.writes("ConfigMap") - before
     per_minute = during * 60 / STORM_SECONDS
-    print(f"\n[faults] conflict storm: {foreign} foreign writes, {during:.0f} operator writes "
-          f"({per_minute:.0f}/min), {after - during:.0f} in the 5 s after")
+    FIGURES.record(FAULTS[3][0], {"foreign_writes": foreign, "operator_writes": round(during),
+                                  "per_minute": round(per_minute),
+                                  "writes_after": round(after - during)})
     assert 1 <= during <= foreign + 1, (during, foreign)
     assert after == during, "the operator kept writing after the storm"
 
@@ -280,8 +284,8 @@ def test_two_peered_replicas_one_writes_and_killing_the_leader_hands_over(
         wait_for(lambda: "5151" in json.dumps((picker_configmap(cluster, namespace, "ha") or {})
                                                .get("data", {})), 3 * PEERING_LIFETIME + 20,
                  "the follower took over", interval=0.3)
-        print(f"\n[faults] peering: the follower wrote {time.monotonic() - killed:.1f} s after "
-              f"the leader was killed (peering lifetime {PEERING_LIFETIME} s)")
+        FIGURES.record(FAULTS[4][0], {"follower_wrote_s": round(time.monotonic() - killed, 1),
+                                      "peering_lifetime_s": PEERING_LIFETIME})
         assert follower.writes() > 0 and follower.alive
         wait_for(lambda: converged(cluster, namespace, "ha"), 30, "ha Ready again")
     finally:
@@ -325,8 +329,8 @@ def test_a_transient_admission_denial_is_retried_with_backoff_and_converges_alon
         cluster.kubectl("delete", "validatingadmissionpolicy", policy, check=False)
     lifted = time.monotonic()
     wait_for(lambda: converged(cluster, namespace, "vd"), 90, "converged without a touch")
-    print(f"\n[faults] admission denial: retry delays {failures} s; converged "
-          f"{time.monotonic() - lifted:.1f} s after the policy was lifted")
+    FIGURES.record(FAULTS[5][0], {"retry_delays_s": failures,
+                                  "converged_s": round(time.monotonic() - lifted, 1)})
     assert failures == sorted(failures) and failures[-1] > failures[0], failures
     assert op.alive
 

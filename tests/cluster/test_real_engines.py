@@ -18,6 +18,7 @@ from longctx_core.sizing.planner import plan as capacity_plan
 from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
                                         measured_request, metrics, words)
 from tests.conftest import SESSION_DIR, wait_for
+from tests.figures import Figures
 
 pytestmark = pytest.mark.cluster
 
@@ -26,13 +27,14 @@ NAME = "tiny"
 MODEL = "tiny-mla"
 # vLLM's CPU backend pages the KV in blocks of 16 tokens.
 CPU_BLOCK_TOKENS = 16
+FIGURES = Figures("real-engines", "real-engines")
 
 
 @pytest.fixture(scope="module")
 def engines(cluster, operator):
     with RealEngines(cluster.cp, SESSION_DIR / "real-engines") as real, \
             real.deployed(cpu_cr(NAME), NAMESPACE) as seconds:
-        print(f"\n[real-engines] Ready in {seconds:.0f} s")
+        FIGURES.record("CR applied to Ready", {"seconds": round(seconds)})
         yield real
 
 
@@ -57,8 +59,10 @@ def test_the_prompts_kv_arrived_over_nixl(served):
     assert delta["local_compute"] == 0, delta     # decode computed none of the prompt
     assert delta["nixl_failed"] == 0 and delta["nixl_transfers"] >= 1, delta
     assert answer["usage"]["completion_tokens"] == 8
-    print(f"\n[real-engines] P/D request {seconds:.2f} s, {prompt} prompt tokens, "
-          f"{delta['nixl_bytes']:.0f} NIXL bytes")
+    FIGURES.record("one request through vllm-router", {
+        "seconds": round(seconds, 2), "prompt_tokens": prompt,
+        "completion_tokens": answer["usage"]["completion_tokens"],
+        "nixl_bytes": round(delta["nixl_bytes"])})
 
 
 def test_the_answer_equals_prefill_computing_alone(served):
@@ -107,7 +111,7 @@ def test_the_legs_add_up(served):
     first token, and each leg is shorter than the whole."""
     ends, *_ = served
     legs = measured_request(ends, MODEL, words(600, seed=9), max_tokens=16)
-    print("\n[real-engines] " + ", ".join(f"{k} {v:.3f}" for k, v in legs.items()))
+    FIGURES.record("a streamed request, by leg", {k: round(v, 3) for k, v in legs.items()})
     assert legs["kv_tokens"] > 600 and legs["nixl_bytes"] > 0, legs
     assert 0 < legs["prefill_leg_s"] < legs["total_s"], legs
     assert 0 < legs["kv_pull_s"] < legs["decode_leg_s"] <= legs["total_s"], legs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,10 @@ from typing import Any
 import yaml
 
 from longctx_core import contract
-from tests.cluster.controlplane import REPO
 from tests.cluster.real_engines import RealEngines, chat, cpu_cr, http_json, words
 from tests.cluster.sessions import disaggregated
+from tests.cluster.traffic import is_ready
+from tests.figures import Figures  # noqa: F401  (the day-two modules record through it)
 from tests.conftest import wait_for
 from tests.contract.variants import deep_merge
 
@@ -27,36 +27,12 @@ DRAIN_SECONDS = 300
 READY_TIMEOUT = 600
 
 
-class Figures:
-    """A module's measured figures by case, kept in .pytest_cache/<name>.json after the
-    session (its directory is removed) for the docs to quote, and echoed to the terminal,
-    since pytest and the in-process operator's runner capture sys.stdout."""
-
-    def __init__(self, name: str, tag: str):
-        self.file = REPO / ".pytest_cache" / f"{name}.json"
-        self.tag = tag
-        self.cases: dict[str, dict[str, Any]] = {}
-
-    def record(self, case: str, figures: dict[str, Any]) -> None:
-        self.cases.setdefault(case, {}).update(figures)
-        sys.__stdout__.write(f"\n[{self.tag}] {case}: {json.dumps(figures)}\n")
-        sys.__stdout__.flush()
-        self.file.parent.mkdir(exist_ok=True)
-        self.file.write_text(json.dumps(self.cases, indent=1))
-
-
 def base_cr() -> dict[str, Any]:
     # Both prefill engines on core 0, decode on core 1 (cpu_cr's threadsBind).
     cr = cpu_cr(NAME, model="dense", prefill={"replicas": 2},
                 rollout={"drainSeconds": DRAIN_SECONDS})
     cr["spec"]["model"]["servedName"] = MODEL
     return cr
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True"
-        for c in (pod.get("status") or {}).get("conditions", []))
 
 
 @dataclass

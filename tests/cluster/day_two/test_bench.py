@@ -18,9 +18,13 @@ import time
 import pytest
 
 from longctx_operator.bench.command import bench_env
+from longctx_operator.bench.report import SUMMARY_KEYS
 from tests.cluster.controlplane import REPO
+from tests.figures import Figures
 
 pytestmark = pytest.mark.cluster
+
+FIGURES = Figures("bench", "bench")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,11 @@ def swept(served, tmp_path_factory):
     print(f"\n[bench] sweep {time.monotonic() - started:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "requests done" in proc.stderr      # progress lines
-    return json.loads((out / "report.json").read_text()), out
+    report = json.loads((out / "report.json").read_text())
+    FIGURES.record("two prefill pods and one decode pod through vllm-router", {"points": [
+        {**{k: p.get(k) for k in SUMMARY_KEYS}, "predicted": p.get("predicted")}
+        for p in report["points"]]})
+    return report, out
 
 
 def test_every_request_succeeded_at_each_concurrency(swept):

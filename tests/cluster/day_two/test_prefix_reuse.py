@@ -34,7 +34,8 @@ from tests.cluster.real_engines import http_json
 from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Turn, block_tokens, disaggregated,
                                     hit_rates_by_turn, later_turns_rate, random_routing,
                                     run_sessions)
-from tests.conftest import REPO, SESSION_DIR, wait_for
+from tests.conftest import SESSION_DIR, wait_for
+from tests.figures import Figures
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +44,7 @@ TURNS = 4
 PICKER = "prefix-epp"
 RANDOM_SEED = 34
 ROUTINGS = ("vllm-router cache_aware", "llm-d picker (GIE EPP)", "random")
-FIGURES = REPO / ".pytest_cache" / "prefix-reuse.txt"
+FIGURES = Figures("prefix-reuse", "prefix-reuse")
 ROUTER_503_RETRIES = 12
 
 
@@ -89,7 +90,6 @@ def measured(deployment, cluster):
     model = deployment.model
 
     results: dict[str, list[Turn]] = {}
-    seconds: dict[str, float] = {}
 
     def run(name: str, send, base_seed: int) -> None:
         started = time.monotonic()
@@ -100,8 +100,7 @@ def measured(deployment, cluster):
         except Exception as exc:
             raise AssertionError(f"{name}: {exc}\n"
                                  + deployment.real.pod_logs(deployment.namespace)) from exc
-        seconds[name] = time.monotonic() - started
-        _print_table(results, seconds)
+        _record(name, results[name], time.monotonic() - started)
 
     def via_router(body: dict) -> dict:
         # vllm-router answers 503 while a starved worker's health check has timed out; such a
@@ -138,31 +137,23 @@ def measured(deployment, cluster):
     return results, picker_log, block
 
 
-def _print_table(results: dict[str, list[Turn]], seconds: dict[str, float]) -> None:
-    rows = ["| turn | prompt tokens | " + " | ".join(results) + " |",
-            "| --- | --- | " + " | ".join("---" for _ in results) + " |"]
-    by_turn = {name: hit_rates_by_turn(turns) for name, turns in results.items()}
-    prompts = {t.turn: [] for t in results[ROUTINGS[0]]}
-    for t in results[ROUTINGS[0]]:
-        prompts[t.turn].append(t.prompt_tokens)
-    for n, sizes in prompts.items():
-        rows.append(f"| {n} | {min(sizes)}-{max(sizes)} | "
-                    + " | ".join(f"{by_turn[name][n]:.2f}" for name in results) + " |")
-    rows.append("| 2-4 | | " + " | ".join(f"{later_turns_rate(t):.2f}"
-                                          for t in results.values()) + " |")
-    lines = ["[prefix-reuse] prefix-cache hit rate (hits / queries of the prefill engines)",
-             *rows]
-    for name, turns in results.items():
-        nixl = sum(t.decode["external_kv_transfer"] for t in turns)
-        local = sum(t.decode["local_cache_hit"] for t in turns)
-        lines.append(f"[prefix-reuse] {name}: {len(turns)} requests in {seconds[name]:.1f} s; "
-                     f"decode got {nixl:.0f} prompt tokens over NIXL, {local:.0f} from its own "
-                     "cache; session/turn:prefill pod "
-                     + " ".join(f"s{t.session}t{t.turn}:{t.pod[-1]}" for t in turns))
-    # pytest captures a passing test's output (and the operator's runner swaps the
-    # streams meanwhile): the file keeps the figures docs/data-path.md quotes.
-    FIGURES.parent.mkdir(exist_ok=True)
-    FIGURES.write_text("\n".join(lines) + "\n")
+def _record(name: str, turns: list[Turn], seconds: float) -> None:
+    """A routing's hit rate per turn and over the later turns, the prompt sizes of each
+    turn, where decode's prompt tokens came from and which prefill pod served each
+    session's turn (docs/data-path.md's table)."""
+    prompts: dict[str, list[int]] = {}
+    for t in turns:
+        prompts.setdefault(str(t.turn), []).append(t.prompt_tokens)
+    FIGURES.record(name, {
+        "hit_rate_by_turn": {str(n): round(rate, 4)
+                             for n, rate in hit_rates_by_turn(turns).items()},
+        "later_turns_hit_rate": round(later_turns_rate(turns), 4),
+        "prompt_tokens_by_turn": {n: [min(v), max(v)] for n, v in prompts.items()},
+        "requests": len(turns), "seconds": round(seconds, 1),
+        "decode_nixl_tokens": round(sum(t.decode["external_kv_transfer"] for t in turns)),
+        "decode_own_cache_tokens": round(sum(t.decode["local_cache_hit"] for t in turns)),
+        "prefill_pod_by_turn": " ".join(f"s{t.session}t{t.turn}:{t.pod[-1]}"
+                                        for t in turns)})
 
 
 def test_prefix_aware_routings_send_each_later_turn_to_its_prefix_holder(measured):

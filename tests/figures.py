@@ -1,0 +1,303 @@
+"""Figures the tests measure on real engines and a real control plane, kept in
+docs/figures/<name>.json (committed), and the tables of docs/data-path.md, docs/bench.md and
+docs/reliability.md generated from them.
+
+    make figures                    # every generated table of docs/, rewritten
+    python -m tests.figures         # names each table that differs, exit code 1
+
+A table sits between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->` in its document;
+tests/test_docs.py fails when one differs from what its JSON generates. `Figures.record`
+writes the JSON and rewrites the tables built from it at once, so a run leaves the documents
+matching its figures (`make test` runs the cluster modules before tests/test_docs.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+FIGURES_DIR = DOCS / "figures"
+Cases = dict[str, dict[str, Any]]       # case -> its figures, in the order first recorded
+
+
+def load(name: str) -> Cases:
+    path = FIGURES_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+class Figures:
+    """A module's figures by case, in docs/figures/<name>.json, each case with the UTC date
+    it was measured. A case recorded by this run replaces what an earlier run recorded for
+    it; the cases this run did not reach keep their figures (and their date). Each record is
+    echoed to the terminal as `[tag] case: {...}`, since pytest captures sys.stdout."""
+
+    def __init__(self, name: str, tag: str):
+        self.name, self.tag = name, tag
+        self._this_run: set[str] = set()
+
+    def record(self, case: str, figures: dict[str, Any]) -> None:
+        sys.__stdout__.write(f"\n[{self.tag}] {case}: {json.dumps(figures)}\n")
+        sys.__stdout__.flush()
+        cases = load(self.name)
+        if case not in self._this_run:
+            self._this_run.add(case)
+            cases[case] = {"measured": datetime.datetime.now(datetime.timezone.utc)
+                           .strftime("%Y-%m-%d")}
+        cases[case].update(figures)
+        FIGURES_DIR.mkdir(parents=True, exist_ok=True)
+        (FIGURES_DIR / f"{self.name}.json").write_text(json.dumps(cases, indent=1) + "\n")
+        write_tables({self.name})
+
+
+# ------------------------------------------------------------------ cells
+
+
+def cell(value: Any) -> str:
+    """A value as one Markdown table cell: '-' for none, numbers as recorded, text with its
+    pipes escaped and its lines joined."""
+    if value is None or value == [] or value == "":
+        return "-"
+    if isinstance(value, list):
+        return "<br>".join(cell(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def seconds(value: Any) -> str:
+    return "-" if value is None else f"{value:,.1f} s"
+
+
+def row(*cells: str) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def first_of(figures: dict[str, Any], prefix: str) -> Any:
+    """The value of the first key starting with `prefix` (the fault cases name the event
+    the client's wait is counted from: client_s_after_kill, client_s_after_stop)."""
+    return next((v for k, v in figures.items() if k.startswith(prefix)), None)
+
+
+def described(figures: dict[str, Any], labels: dict[str, str], skip: tuple[str, ...]) -> str:
+    """The figures not in `skip`, as 'label value' pairs; labels ending in 's' after a
+    space are seconds ('prefill leg s')."""
+    parts = []
+    for key, value in figures.items():
+        if key in skip or key == "measured":
+            continue
+        label = labels.get(key, key.replace("_", " "))
+        text = (seconds(value) if label.endswith(" s")
+                else ", ".join(map(cell, value)) if isinstance(value, list) else cell(value))
+        parts.append(f"{label.removesuffix(' s')} {text}")
+    return "; ".join(parts) or "-"
+
+
+# ------------------------------------------------------------------ the tables
+
+
+def changes_and_faults(sources: dict[str, Cases]) -> list[str]:
+    """What clients got during each change and each fault, and what the operator said."""
+    lines = [row("change or fault", "sent", "failed", "cut off", "longest wait", "took",
+                 "what the operator reported (Events; conditions)"),
+             row("---", "---:", "---:", "---:", "---:", "---:", "---")]
+    for cases in sources.values():
+        for case, f in cases.items():
+            reported = [f"`{e.partition(':')[0]}`:{e.partition(':')[2]}"
+                        for e in f.get("events") or []] + list(f.get("conditions") or [])
+            lines.append(row(cell(case), cell(f.get("sent")), cell(f.get("failed")),
+                             cell(f.get("cut_off")), seconds(f.get("longest_wait_s")),
+                             seconds(f.get("seconds")), cell(reported) if reported
+                             else "nothing" if "events" in f else "-"))
+    return lines
+
+
+def fault_clients(sources: dict[str, Cases]) -> list[str]:
+    """Per fault, the request it hit: what its client got and when, and the pod's return."""
+    (cases,) = sources.values()
+    lines = [row("fault", "what the client got", "client's wait after the fault",
+                 "decode's failed NIXL transfers", "pod back after", "then"),
+             row("---", "---", "---:", "---:", "---:", "---")]
+    for case, f in cases.items():
+        got = (cell(f["error"][:160]) if f.get("error")
+               else f"{cell(f['tokens'])} tokens, no error" if "tokens" in f else "-")
+        then = "-"
+        if "served_again_s" in f:
+            then = (f"served again after {seconds(f['served_again_s'])}, "
+                    f"{cell(f.get('failed_after_resume', 0))} failed first")
+        lines.append(row(cell(case), got, seconds(first_of(f, "client_s_after")),
+                         cell(f.get("nixl_failed")), seconds(f.get("back_s")), then))
+    return lines
+
+
+REAL_ENGINE_LABELS = {"prompt_tokens": "prompt tokens", "completion_tokens": "tokens out",
+                      "nixl_bytes": "NIXL bytes", "kv_tokens": "prompt tokens over NIXL",
+                      "prefill_leg_s": "prefill leg s", "kv_pull_s": "KV pull s",
+                      "decode_leg_s": "decode leg s", "ttft_s": "TTFT s"}
+
+
+def real_engines(sources: dict[str, Cases]) -> list[str]:
+    """One request's path, timed by the engines' own counters."""
+    (cases,) = sources.values()
+    lines = [row("step", "time", "what the engines' counters say"), row("---", "---:", "---")]
+    for case, f in cases.items():
+        took = f.get("seconds", f.get("total_s"))
+        lines.append(row(cell(case), seconds(took),
+                         described(f, REAL_ENGINE_LABELS, ("seconds", "total_s"))))
+    return lines
+
+
+def prefix_reuse(sources: dict[str, Cases]) -> list[str]:
+    """Per routing, the prefix-cache hit rate of each turn (hits over queries of the prefill
+    engines) and of turns 2 and later together."""
+    (routings,) = sources.values()
+    names = list(routings)
+    turns = sorted({t for f in routings.values() for t in f.get("hit_rate_by_turn", {})},
+                   key=int)
+    lines = [row("turn", "prompt tokens", *(cell(n) for n in names)),
+             row("---", "---", *("---:" for _ in names))]
+    for turn in turns:
+        sizes = next((f["prompt_tokens_by_turn"][turn] for f in routings.values()
+                      if turn in f.get("prompt_tokens_by_turn", {})), None)
+        lines.append(row(turn, "-" if sizes is None else "-".join(
+            dict.fromkeys(f"{s:,}" for s in sizes)),
+            *(f"{routings[n]['hit_rate_by_turn'][turn]:.2f}"
+              if turn in routings[n].get("hit_rate_by_turn", {}) else "-" for n in names)))
+    lines.append(row(f"{turns[1]}-{turns[-1]}" if len(turns) > 1 else "later", "",
+                     *(f"**{routings[n]['later_turns_hit_rate']:.2f}**"
+                       if "later_turns_hit_rate" in routings[n] else "-" for n in names)))
+    return lines
+
+
+def bench(sources: dict[str, Cases]) -> list[str]:
+    """Each recorded sweep's report table, as `longctx bench` prints it."""
+    from longctx_operator.bench.report import table
+
+    (cases,) = sources.values()
+    lines: list[str] = []
+    for case, f in cases.items():
+        if len(cases) > 1:
+            lines += [f"**{cell(case)}**", ""]
+        lines += table({"points": f["points"]}).splitlines() + [""]
+    return lines[:-1]
+
+
+CONTROL_PLANE_LABELS = {"kills": "SIGKILLs", "seconds": "over s",
+                        "after_a_write": "after the operator had written",
+                        "converged_s": "converged after s",
+                        "foreign_writes": "foreign writes", "operator_writes": "operator writes",
+                        "writes_after": "operator writes in the 5 s after",
+                        "per_minute": "operator writes per minute",
+                        "follower_wrote_s": "the follower wrote after s",
+                        "peering_lifetime_s": "peering lifetime s",
+                        "retry_delays_s": "retry delays (s)"}
+
+
+def control_plane(sources: dict[str, Cases]) -> list[str]:
+    (cases,) = sources.values()
+    lines = [row("fault", "figures"), row("---", "---")]
+    for case, f in cases.items():
+        lines.append(row(cell(case), described(f, CONTROL_PLANE_LABELS, ())))
+    return lines
+
+
+@dataclass(frozen=True)
+class Table:
+    doc: str                        # under docs/
+    sources: tuple[str, ...]        # docs/figures/<source>.json
+    build: Callable[[dict[str, Cases]], list[str]]
+    fills: str                      # the command whose run records the figures
+
+
+DAY_TWO = "`make test-day2` (part of `make test`)"
+TABLES = {
+    "changes-and-faults": Table("data-path.md", ("traffic-rollouts", "data-path-faults"),
+                                changes_and_faults, DAY_TWO),
+    "fault-clients": Table("data-path.md", ("data-path-faults",), fault_clients, DAY_TWO),
+    "real-engines": Table("data-path.md", ("real-engines",), real_engines,
+                          "`make test` (tests/cluster/test_real_engines.py)"),
+    "prefix-reuse": Table("data-path.md", ("prefix-reuse",), prefix_reuse, DAY_TWO),
+    "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
+    "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
+                           "`make test` (tests/cluster/test_control_plane_faults.py)"),
+}
+
+
+def generate(name: str) -> str:
+    """Table `name` from its JSON, with a line saying where and when it was measured."""
+    table = TABLES[name]
+    sources = {s: load(s) for s in table.sources}
+    files = " and ".join(f"`docs/figures/{s}.json`" for s in table.sources)
+    if not any(sources.values()):
+        return f"No run recorded yet: {table.fills} records {files} and fills this table."
+    dates = sorted({f.get("measured", "?") for cases in sources.values()
+                    for f in cases.values()})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return "\n".join(table.build(sources) + ["", f"From {files}, measured {when} by "
+                                                 f"{table.fills}."])
+
+
+def region(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- figures:{re.escape(name)} -->\n).*?(<!-- /figures:"
+                      rf"{re.escape(name)} -->)", re.DOTALL)
+
+
+def render(doc: str, text: str) -> str:
+    """`text` (docs/<doc>) with each of its generated tables as the JSON gives it."""
+    for name, table in TABLES.items():
+        if table.doc != doc:
+            continue
+        pattern = region(name)
+        if not pattern.search(text):
+            raise AssertionError(f"docs/{doc} has no <!-- figures:{name} --> ... "
+                                 f"<!-- /figures:{name} --> region: add the two markers, "
+                                 "each on its own line, where the table goes")
+        generated = generate(name)
+        text = pattern.sub(lambda m: m.group(1) + generated + "\n" + m.group(2), text)
+    unknown = set(re.findall(r"<!-- figures:([\w-]+) -->", text)) - set(TABLES)
+    assert not unknown, f"docs/{doc}: no table is generated for {sorted(unknown)}"
+    return text
+
+
+def stale() -> list[str]:
+    """The generated tables whose document differs from what the JSON gives."""
+    out = []
+    for doc in sorted({t.doc for t in TABLES.values()}):
+        text = (DOCS / doc).read_text()
+        out += [f"docs/{doc}: figures:{name}" for name, t in TABLES.items()
+                if t.doc == doc and region(name).search(text).group(0)
+                != region(name).search(render(doc, text)).group(0)]
+    return out
+
+
+def write_tables(sources: set[str] | None = None) -> None:
+    """Rewrites the tables built from `sources` (every table when None)."""
+    docs = {t.doc for t in TABLES.values() if sources is None or sources & set(t.sources)}
+    for doc in sorted(docs):
+        path = DOCS / doc
+        text = path.read_text()
+        updated = render(doc, text)
+        if updated != text:
+            path.write_text(updated)
+
+
+def main() -> int:
+    if "--write" in sys.argv[1:]:
+        write_tables()
+        return 0
+    differing = stale()
+    for line in differing:
+        print(f"{line} differs from its JSON: run `make figures`")
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
