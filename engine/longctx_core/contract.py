@@ -97,8 +97,11 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 ROLE_LABEL = "llm-d.ai/role"
 SERVING_LABEL = "llm-d.ai/inference-serving"
-# Serving pods' NIXL pairing key (revision.pairing_key); the InferencePool selects on it.
+# Serving pods' revision: their NIXL pairing key (revision.pairing_key), or a replacement
+# revision of that key; the InferencePool and vllm-router select on it.
 PAIRING_LABEL = "longctx.dev/pairing"
+# On a replacement revision's StatefulSets: the pairing key the revision replaces pods of.
+PAIRING_KEY_ANNOTATION = "longctx.dev/pairing-key"
 # The StatefulSet controller's label of a pod's ordinal.
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ENGINE_CONFIG_ANNOTATION = "longctx.dev/engine-config"
@@ -316,8 +319,8 @@ KINDS = (
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions",
          cluster_scoped=True),
-    # Free GPUs on the nodes a placement selects, when a new revision cannot be scheduled.
-    Kind("v1", "Node", "nodes", cluster_scoped=True, verbs=("get", "list")),
+    # Host memory and free GPUs on the nodes a placement selects; cordoned nodes (a drain).
+    Kind("v1", "Node", "nodes", cluster_scoped=True, verbs=("get", "list", "watch")),
 )
 MANAGED_KINDS = tuple(k for k in KINDS if k.managed)
 WATCHED_KINDS = tuple(k for k in KINDS if k.watched)

@@ -61,6 +61,9 @@ _ROLLOUT_STATUS = {
                        "description": "When the old revision's pods are removed."},
         "lastTransitionTime": {"type": "string", "format": "date-time"},
         "expectedDowntime": {"type": "string", "description": "Recreate: what it costs."},
+        "reason": {"type": "string", "description": "Why a revision of the same pairing key "
+                   "replaces the serving one: a role of one pod changes or is on a node "
+                   "being drained."},
         "readyReplicas": {"type": "object", "additionalProperties": _READY_BY_ROLE,
                           "description": "Ready pods of each role, by revision."},
     },

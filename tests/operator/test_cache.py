@@ -10,7 +10,7 @@ from longctx_core import contract
 from longctx_core.sizing.roles import serving_plan
 from longctx_operator.runtime.cache import Reflector, Store
 from longctx_operator.controller.desired import desired_objects
-from longctx_operator.controller.reconcile import matches
+from longctx_operator.controller.drift import matches
 from tests.contract.variants import spec_with
 
 KIND = contract.KIND_BY_NAME["StatefulSet"]

@@ -4,6 +4,7 @@ once from a spec and passed down (to the operator's builders, the entrypoint, th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -28,6 +29,13 @@ class RolePlan:
     memory: PodMemory
     pairing_key: str
     faults: FaultSettings       # the data path's timeouts and failure policy (faults.py)
+    # The revision the role's objects belong to: the pairing key, or a replacement revision
+    # of it that the operator brings up beside the serving one (controller/replacement.py).
+    revision: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.revision:
+            object.__setattr__(self, "revision", self.pairing_key)
 
     @property
     def hisparse(self) -> bool:
@@ -36,10 +44,6 @@ class RolePlan:
     @property
     def replicas(self) -> int:
         return self.layout.replicas
-
-    @property
-    def revision(self) -> str:
-        return self.pairing_key
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,16 @@ class ServingPlan:
 
     @property
     def revision(self) -> str:
+        return self.prefill.revision
+
+    @property
+    def pairing_key(self) -> str:
         return self.prefill.pairing_key
+
+    def with_revision(self, revision: str) -> "ServingPlan":
+        """The same plan, its objects named for `revision` (a replacement of its key)."""
+        return dataclasses.replace(self, **{r.role: dataclasses.replace(r, revision=revision)
+                                            for r in self.roles})
 
     @property
     def pool_target_ports(self) -> tuple[int, ...]:

@@ -68,7 +68,7 @@ def metrics_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
                          "as 10.0.0.0/8,fd00::/8, or leave it unset for any") from exc
 
 
-def _may_scrape(ip: str) -> bool:
+def may_scrape(ip: str) -> bool:
     networks = metrics_networks()
     return not networks or any(ipaddress.ip_address(ip) in n for n in networks)
 
@@ -78,7 +78,7 @@ def pod_in_flight(pod: dict[str, Any], timeout: float = SCRAPE_TIMEOUT_SECONDS
     """Requests in flight on every rank of the pod; None when a rank cannot be read."""
     ip = (pod.get("status") or {}).get("podIP")
     ports = engine_ports(pod)
-    if not ip or not ports or not _may_scrape(ip):
+    if not ip or not ports or not may_scrape(ip):
         return None
     total = 0.0
     for port in ports:

@@ -27,11 +27,13 @@ from longctx_core.sizing.scaling import scale_status
 from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan
 
-from longctx_operator.controller import drain, rollout
+from longctx_operator.controller import data_path, drain, rollout
 from longctx_operator.runtime import metrics
 from longctx_operator.controller.builders import vllm_router
 from longctx_operator.controller.builders.picker import picker_status
 from longctx_operator.controller.desired import desired_objects
+from longctx_operator.controller.drift import matches
+from longctx_operator.controller.replacement import Replacement, cordoned, plan_for_revision
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from longctx_operator.runtime.kube import Kube, KubeError
 from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
@@ -63,20 +65,6 @@ class Outcome:
     def wake_within(self, seconds: float) -> None:
         """Ask for a reconcile after at most `seconds`, with no event (the earliest wins)."""
         self.wake_after = seconds if self.wake_after is None else min(self.wake_after, seconds)
-
-
-def matches(desired: Any, live: Any) -> bool:
-    """Whether every field the operator sets has that value in the live object."""
-    if isinstance(desired, dict):
-        return isinstance(live, dict) and all(matches(v, live.get(k)) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (isinstance(live, list) and len(desired) == len(live)
-                and all(matches(d, l) for d, l in zip(desired, live)))
-    if isinstance(desired, bool) or isinstance(live, bool):
-        return desired == live
-    if isinstance(desired, (int, float)) and isinstance(live, str):
-        return str(desired) == live
-    return desired == live
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -131,22 +119,31 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         else:
             plan = serving_plan(spec, name)
             check_pair(*(launch_document(role, name, namespace) for role in plan.roles))
-            check_in_place_pair(kube, cr, plan)
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
 
     revisions = _revisions(kube, name, namespace)
     step: rollout.Step | None = None
+    serving: str | None = None
+    replaced: Replacement | None = None
+    if refusal is None and plan is not None:
+        serving = _serving_revision(kube, cr, plan.spec, previous)
+        plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""),
+                                           cordoned(kube.nodes()))
+        try:
+            check_in_place_pair(kube, cr, plan)
+        except RecipeError as exc:
+            refusal = Refusal("Accepted", "InvalidSpec", str(exc))
     if refusal is None and plan is not None:
         policy = _policy(plan)
-        serving = _serving_revision(kube, cr, plan.spec, previous)
         idle = drain.look(cr, revisions, plan.revision, serving, _utcnow())
         load = rollout.DrainLoad(idle, router_switched=bool(idle) and drain.router_selects(
             kube, cr, plan.spec, plan.revision))
         step = rollout.step(desired=plan.revision, serving=serving,
                             revisions=revisions, previous=previous.get("rollout") or {},
                             policy=policy, now=_utcnow(), load=load,
-                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
+                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions),
+                            why=replaced.describe(serving or "") if replaced else None)
         _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
@@ -164,10 +161,11 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     else:
         desired_replicas = {role.role: role.replicas for role in plan.roles}
     _count_zero_capacity(name, namespace, observed, desired_replicas)
+    data_path_condition = _data_path(cr, plan, revisions, outcome)
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
                             endpoint=_endpoint(name, namespace, spec), previous=previous,
-                            rollout=step)
+                            rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))
     cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous)
     if cause:
@@ -180,6 +178,23 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
                           merge_patch(previous, status))
         outcome.status_written = True
         _transition_events(previous, status, outcome)
+
+
+def _data_path(cr: dict[str, Any], plan: ServingPlan | None,
+               revisions: dict[str, rollout.Revision], outcome: Outcome) -> dict[str, str]:
+    """The DataPathHealthy condition from the engines' restarts (every revision's pods)
+    and the faults the engine watch counted; an Event for each fault not yet reported."""
+    key = (cr["metadata"]["namespace"], cr["metadata"]["name"])
+    now = _utcnow()
+    policy = plan.decode.faults.kv_load_failure_policy if plan is not None else "fail"
+    faults = data_path.restarted([p for r in revisions.values() for p in r.pods], now, policy)
+    faults += [g.fault(policy) for g in data_path.RECORDED.recent(key, now)]
+    outcome.events += [("Warning", f.reason, f.message)
+                       for f in data_path.RECORDED.unreported(key, faults)]
+    condition, clears_in = data_path.condition(faults, now)
+    if clears_in is not None:
+        outcome.wake_within(clears_in)
+    return condition
 
 
 def _utcnow() -> datetime.datetime:

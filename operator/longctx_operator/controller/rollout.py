@@ -129,9 +129,10 @@ class Policy:
 
 def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision],
          previous: dict[str, Any], policy: Policy, now: datetime.datetime,
-         capacity_shortage: Callable[[], Optional[str]], load: DrainLoad = DrainLoad()
-         ) -> Step:
-    """The rollout step (see the module docstring); `load`: the draining pods' requests."""
+         capacity_shortage: Callable[[], Optional[str]], load: DrainLoad = DrainLoad(),
+         why: Optional[str] = None) -> Step:
+    """The rollout step (see the module docstring); `load`: the draining pods' requests;
+    `why`: what makes `desired` a replacement of the serving revision (replacement.py)."""
     previous = previous or {}
     if serving is None or serving not in revisions:
         # Nothing serves (a new CR, or its serving revision is gone): the desired one does.
@@ -140,7 +141,7 @@ def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision]
         return _settle(desired, revisions, previous, policy, now, load)
     if policy.strategy == "Recreate":
         return _recreate(desired, serving, revisions, previous, policy, now)
-    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage)
+    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage, why)
 
 
 def _base(previous: dict[str, Any], desired: str, serving: str, policy: Policy,
@@ -245,12 +246,14 @@ def _recreate(desired: str, serving: str, revisions: dict[str, Revision],
 
 def _surge(desired: str, serving: str, revisions: dict[str, Revision],
            previous: dict[str, Any], policy: Policy, now: datetime.datetime,
-           capacity_shortage: Callable[[], Optional[str]]) -> Step:
+           capacity_shortage: Callable[[], Optional[str]], why: Optional[str]) -> Step:
     status = _base(previous, desired, serving, policy, now)
     result = Step(serving=serving, apply_desired=True, status=status)
     result.delete = [r for r in revisions if r not in (serving, desired)]
+    if why:
+        status["reason"] = why
     if previous.get("to") != desired:
-        result.events.append(("Normal", "RolloutStarted",
+        result.events.append(("Normal", "RolloutStarted", f"Surge: {why}" if why else
                               f"Surge: revision {desired} comes up beside {serving}, which "
                               "serves until the new one is Ready"))
     new = revisions.get(desired)
@@ -278,9 +281,11 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
         _with_phase(status, previous, FAILED, now)
         return result
     if unschedulable_message(pods):
-        result.blocked = (capacity_shortage() or unschedulable_message(pods) or "") + (
-            f"; revision {serving} keeps serving. Add nodes, or set spec.rollout.strategy to "
-            "Recreate to replace the serving revision in place (no serving during the load)")
+        result.blocked = (f"{why}; " if why else "") + (
+            capacity_shortage() or unschedulable_message(pods) or "") + (
+            f"; revision {serving} keeps serving, nothing is stopped. Add nodes, or set "
+            "spec.rollout.strategy to Recreate to replace the serving revision in place (no "
+            "serving during the load)")
         if previous.get("phase") != BLOCKED or previous.get("to") != desired:
             result.events.append(("Warning", "RolloutBlocked", result.blocked))
         _with_phase(status, previous, BLOCKED, now)

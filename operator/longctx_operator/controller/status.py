@@ -74,11 +74,12 @@ def _role_condition(role: str, sts: dict[str, Any] | None, desired: int,
 
 def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[str, Any] | None,
                    observed: Observed, desired_replicas: dict[str, int], endpoint: str | None,
-                   previous: dict[str, Any] | None, rollout: "Step | None" = None
-                   ) -> dict[str, Any]:
+                   previous: dict[str, Any] | None, rollout: "Step | None" = None,
+                   data_path: dict[str, str] | None = None) -> dict[str, Any]:
     """The full status. `observed` holds the serving revision's StatefulSets and pods;
-    `rollout`, what this reconcile did about revisions. Condition timestamps move only when
-    a condition's status changes."""
+    `rollout`, what this reconcile did about revisions; `data_path`, the DataPathHealthy
+    condition (data_path.condition). Condition timestamps move only when a condition's
+    status changes."""
     generation = cr["metadata"].get("generation", 1)
     conditions: list[dict[str, Any]] = []
     if refusal:
@@ -107,6 +108,9 @@ def compute_status(cr: dict[str, Any], *, refusal: Refusal | None, plan: dict[st
         conditions.append(_condition("RolloutBlocked", bool(blocked),
                                      "InsufficientGPUs" if blocked else "Schedulable",
                                      blocked or "the new revision's pods can be placed"))
+    if data_path is not None:
+        conditions.append(_condition(data_path["type"], data_path["status"] == "True",
+                                     data_path["reason"], data_path["message"]))
     topology = (plan or {}).get("topology", {})
     if "satisfiable" in topology:
         conditions.append(_condition(

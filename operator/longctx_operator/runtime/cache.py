@@ -189,6 +189,11 @@ class Store:
             entry = self._objects.get((namespace, name))
         return json.loads(entry.text) if entry is not None else None
 
+    def all(self) -> list[dict[str, Any]]:
+        with self._lock:
+            texts = [e.text for e in self._objects.values()]
+        return [json.loads(t) for t in texts]
+
     def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         with self._lock:
             instance = labels.get(contract.INSTANCE_LABEL)
@@ -289,12 +294,16 @@ class Caches:
 
     def __init__(self, kube: Kube, namespaces: tuple[str, ...] = (),
                  changed: Changed | None = None):
-        """`changed` hears of every change to an object of a watched kind (contract.Kind)."""
+        """`changed` hears of every change to an object of a watched kind (contract.Kind)
+        and to a Node."""
         scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
         # The CRDs the optional kinds need: asked for by every reconcile, so kept here.
         crd = contract.KIND_BY_NAME["CustomResourceDefinition"]
         self.crds = Store(crd, (None,))
-        self._reflectors = [Reflector(kube, self.crds, None, selector="")]
+        # The nodes: read by the planner, and a cordon moves a role's only pod (a drain).
+        self.nodes_store = Store(contract.KIND_BY_NAME["Node"], (None,))
+        self._reflectors = [Reflector(kube, self.crds, None, selector=""),
+                            Reflector(kube, self.nodes_store, None, selector="", changed=changed)]
         self.stores = {k.kind: Store(k, scopes) for k in contract.CACHED_KINDS}
         for k in contract.CACHED_KINDS:
             ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
@@ -318,6 +327,15 @@ class Caches:
         return all(s.synced.wait(max(deadline - time.monotonic(), 0))
                    for s in self.stores.values()
                    if not s.kind.crd or self.crd_established(s.kind.crd))
+
+    def nodes(self) -> list[dict[str, Any]] | None:
+        """Every Node, once listed (None before, or when the operator may not list them)."""
+        return self.nodes_store.all() if self.nodes_store.synced.is_set() else None
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        """The engine pods the cache holds on `node`."""
+        return [p for p in self.stores["Pod"].all()
+                if (p.get("spec") or {}).get("nodeName") == node]
 
     def crd_established(self, name: str) -> bool | None:
         """Whether a CRD is installed and established; None until the CRD list is in."""

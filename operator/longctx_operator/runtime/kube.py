@@ -44,6 +44,7 @@ class CachedStore(Protocol):
 class Cache(Protocol):
     def store(self, kind: str) -> CachedStore | None: ...
     def crd_established(self, name: str) -> bool | None: ...
+    def nodes(self) -> list[dict[str, Any]] | None: ...
 
 
 def collection_path(kind: Kind, namespace: str | None) -> str:
@@ -285,6 +286,9 @@ class Kube:
         """The cluster's Nodes, listed at most every `max_age` seconds; None when the
         operator may not list them (a namespaced install without cluster reads) or the
         list fails: the planner then skips its host-memory check and says so."""
+        cached = self.caches.nodes() if self.caches is not None and max_age > 0 else None
+        if cached is not None:
+            return cached
         if self._nodes and time.monotonic() - self._nodes[0] < max_age:
             return self._nodes[1]
         try:

@@ -24,6 +24,7 @@ from longctx_core import contract
 from longctx_operator.controller import engine_load, rollout
 from longctx_operator.runtime import metrics
 from longctx_operator.runtime.cache import RELIST_BACKOFF_CAP, Caches
+from longctx_operator.runtime.engine_watch import EngineWatch
 from longctx_operator.runtime.kube import Kube, KubeError
 from longctx_operator.controller.reconcile import reconcile
 
@@ -165,6 +166,7 @@ class State:
     # needs no reconcile of its own, since every CR's first event comes later.
     kopf_context: contextvars.Context | None = None
     queue: WorkQueue | None = None
+    engine_watch: EngineWatch | None = None
     retries = Retries()
     wakeups = Wakeups()
     phases: dict[tuple[str, str], str] = {}
@@ -221,6 +223,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     State.caches = Caches(lister, namespaces, changed=_child_changed)
     State.kube = Kube(lister.api, caches=State.caches)
     State.caches.start()
+    pods = State.caches.stores["Pod"]
+    State.engine_watch = EngineWatch(lambda: pods.all() if pods.synced.is_set() else [],
+                                     _fault_seen)
+    State.engine_watch.start()
     if not State.caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
                     "they are", CACHE_SYNC_SECONDS)
@@ -233,6 +239,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def stop(**_: Any) -> None:
     State.retries.cancel_all()
     State.wakeups.cancel_all()
+    if State.engine_watch is not None:
+        State.engine_watch.stopping.set()
     if State.queue is not None:
         State.queue.stop()
     if State.caches is not None:
@@ -321,9 +329,30 @@ async def deployment_event(type: str, body: kopf.Body, namespace: str, name: str
         reconcile_named(namespace, name, logger)
 
 
+def _fault_seen(namespace: str, name: str) -> None:
+    """The engine watch counted a data-path fault of this CR: reconcile it to report it."""
+    if State.kopf_context is not None:
+        State.kopf_context.copy().run(reconcile_named, namespace, name, log)
+
+
+def _node_changed(name: str) -> None:
+    """A node changed (a cordon, say): reconcile the CRs with engine pods on it, whose
+    only pod of a role may have to move (controller/replacement.py)."""
+    caches, context = State.caches, State.kopf_context
+    if caches is None or context is None:
+        return
+    for key in {(p["metadata"]["namespace"], p["metadata"]["labels"][contract.INSTANCE_LABEL])
+                for p in caches.pods_on(name)
+                if (p["metadata"].get("labels") or {}).get(contract.INSTANCE_LABEL)}:
+        context.copy().run(reconcile_named, *key, log)
+
+
 def _child_changed(kind: str, obj: dict[str, Any]) -> None:
     """A watch cache stored a change to a child (on the cache's thread): reconcile its CR,
     unless the change is this operator's own last write."""
+    if kind == "Node":
+        _node_changed(obj["metadata"]["name"])
+        return
     kube, context = State.kube, State.kopf_context
     meta = obj["metadata"]
     cr_name = (meta.get("labels") or {}).get(contract.INSTANCE_LABEL)

@@ -62,13 +62,20 @@ def headless_service(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     }
 
 
+def max_unavailable(role: RolePlan) -> int:
+    """Pods of the role an eviction (a node drain) may take at once. A role's only pod is
+    never evicted under Surge: the operator brings up its replacement on another node first
+    (controller/replacement.py) and removes it once drained; Recreate accepts the gap."""
+    return 0 if role.replicas < 2 and role.spec.rollout.strategy == "Surge" else 1
+
+
 def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     name = cr["metadata"]["name"]
     return {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(cr, contract.pdb(name, role.role, role.revision), role.role,
                           role.revision),
-        "spec": {"maxUnavailable": 1,
+        "spec": {"maxUnavailable": max_unavailable(role),
                  "selector": {"matchLabels": contract.selector_labels(name, role.role,
                                                                       role.revision)},
                  # A crash-looping engine must not block a node drain.
@@ -249,10 +256,13 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         annotations.update(pod_annotations(role))
         if role.role == "decode":
             pod_spec["initContainers"] = [routing_sidecar(role)]
+    metadata = _meta(cr, contract.statefulset(cr_name, role.role, role.revision), role.role,
+                     role.revision)
+    if role.revision != role.pairing_key:
+        metadata["annotations"] = {contract.PAIRING_KEY_ANNOTATION: role.pairing_key}
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _meta(cr, contract.statefulset(cr_name, role.role, role.revision),
-                          role.role, role.revision),
+        "metadata": metadata,
         "spec": {
             "replicas": role.replicas,
             "serviceName": contract.headless_service(cr_name, role.role),
@@ -262,7 +272,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
             "selector": {"matchLabels": contract.selector_labels(cr_name, role.role,
                                                                  role.revision)},
             "template": {
-                "metadata": {"labels": contract.labels(cr_name, role.role, role.pairing_key),
+                "metadata": {"labels": contract.labels(cr_name, role.role, role.revision),
                              "annotations": annotations},
                 "spec": pod_spec,
             },
