@@ -74,7 +74,10 @@ def cell(value: Any) -> str:
 
 
 def seconds(value: Any) -> str:
-    return "-" if value is None else f"{value:,.1f} s"
+    """Tenths of a second, or two significant digits below one (a KV pull of 0.012 s)."""
+    if value is None:
+        return "-"
+    return f"{value:,.1f} s" if abs(value) >= 1 else f"{value:.2g} s"
 
 
 def row(*cells: str) -> str:

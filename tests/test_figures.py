@@ -98,3 +98,15 @@ def test_the_fault_and_bench_tables_read_what_their_modules_record(docs):
     figures.Figures("bench", "bench").record("sweep", {"points": [point]})
     assert "| 4 | 8 | 0 | 115.3 | 0.19 | 6.358 | 11.009 | 0.422 | 1.6 | - | - |" in \
         (docs / "bench.md").read_text()
+
+
+def test_the_real_engine_and_control_plane_tables_label_each_figure(docs):
+    figures.Figures("real-engines", "real-engines").record("a streamed request, by leg", {
+        "ttft_s": 0.52, "total_s": 1.9, "kv_pull_s": 0.012, "kv_tokens": 602.0,
+        "nixl_bytes": 1400832.0})
+    assert ("| a streamed request, by leg | 1.9 s | TTFT 0.52 s; KV pull 0.012 s; prompt tokens "
+            "over NIXL 602; NIXL bytes 1,400,832 |") in (docs / "data-path.md").read_text()
+    figures.Figures("control-plane-faults", "control-plane").record(
+        "admission denial", {"retry_delays_s": [2, 4], "converged_s": 1.8})
+    assert "| admission denial | retry delays (s) 2, 4; converged after 1.8 s |" in \
+        (docs / "reliability.md").read_text()
