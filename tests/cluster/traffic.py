@@ -158,8 +158,9 @@ class Traffic:
     def summary(self) -> dict[str, Any]:
         """sent: requests started; failed and cut_off as defined in the module's docstring
         (a request open at stop() is failed); longest_wait_s: the longest wait of any request
-        (the longest time a client had nothing arriving); longest_s: the longest request, end
-        to end; errors: what the failed ones got."""
+        (the longest time a client had nothing arriving; a request open at stop() counts
+        its whole time); longest_s: the longest request, end to end; errors: what the
+        failed ones got."""
         done = self.outcomes
         return {"sent": len(done), "failed": sum(o.failed for o in done),
                 "cut_off": sum(not o.failed and o.tokens < self.max_tokens for o in done),
