@@ -126,6 +126,9 @@ main() {
     --without-helm) helm=no ;;
   esac
   mkdir -p "$BIN"
+  # One builder at a time: a second caller waits here instead of compiling the same packages.
+  exec 9>"$BIN.lock"
+  flock 9
   local t0=$SECONDS
   version_ok "$BIN/etcd" "etcd Version: $ETCD_VERSION" || timed "etcd v$ETCD_VERSION" build_etcd
   version_ok "$BIN/kwok" "$KWOK_VERSION" || timed "kwok v$KWOK_VERSION" build_kwok

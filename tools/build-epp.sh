@@ -56,6 +56,10 @@ build_upstream() {
 
 main() {
   if [[ "${1:-}" == "--check" ]]; then fetch; exit $?; fi
+  # One builder at a time: a second caller waits here instead of compiling the same packages.
+  mkdir -p "$CACHE_ROOT"
+  exec 9>"$CACHE_ROOT/epp-build.lock"
+  flock 9
   if [[ "${1:-}" == "--upstream" ]]; then build_upstream; return; fi
   if [[ -x "$BIN/epp" ]]; then echo "$BIN/epp"; return 0; fi
   fetch || exit 3

@@ -35,6 +35,9 @@ build() {
 
 main() {
   mkdir -p "$BIN"
+  # One builder at a time: a second caller waits here instead of compiling the same packages.
+  exec 9>"$BIN.lock"
+  flock 9
   { version_ok "$BIN/prometheus" && version_ok "$BIN/promtool"; } || build
   for b in prometheus promtool; do
     version_ok "$BIN/$b" || { log "ERROR: $BIN/$b was not built or reports another version"; exit 1; }
