@@ -29,12 +29,14 @@ if [[ ! -f "$VENV/.complete" ]]; then
     echo "[bench-env] inference-perf needs Python >= 3.12: install python3.12 or set BENCH_PYTHON" >&2
     exit 1
   fi
+  start=$SECONDS
   echo "[bench-env] creating $VENV (first time: inference-perf, matplotlib; ~1-2 min)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip >&2
   "$VENV/bin/pip" install --progress-bar off --no-deps -r "$REQS" >&2
   touch "$VENV/.complete"
+  echo "[bench-env] created $VENV in $((SECONDS - start)) s" >&2
 fi
 flock -u 9
 echo "$VENV"

@@ -30,7 +30,7 @@ build() {
     -X $v.Revision=v$PROMETHEUS_MODULE_VERSION -X $v.BuildUser=longctx -X $v.BuildDate=20260101-00:00:00" \
     "$PROMETHEUS_MODULE/cmd/prometheus@v$PROMETHEUS_MODULE_VERSION" \
     "$PROMETHEUS_MODULE/cmd/promtool@v$PROMETHEUS_MODULE_VERSION"
-  log "built in $((SECONDS - start)) s"
+  log "built prometheus and promtool v$PROMETHEUS_VERSION in $((SECONDS - start)) s"
 }
 
 main() {

@@ -2,8 +2,9 @@
 # Times a first run as a new user meets it: `make TARGET...` in a fresh export of the committed
 # tree, with empty caches of its own under DIR (LONGCTX_CACHE, GOCACHE, GOMODCACHE; pip's cache
 # off), so the caches already on the machine are neither used nor touched. Every output line
-# gets the time of day; the build scripts log how long each step took. The README's table of
-# first-run costs comes from this script.
+# gets the time of day; the build scripts log how long each step took, and those times and the
+# total are recorded in docs/figures/first-run.json, from which the README's table of first-run
+# costs is taken.
 #
 #   tools/measure-first-run.sh [TARGET...]    default: demo
 #
@@ -25,11 +26,41 @@ touch "$DIR/.longctx-first-run"
 git -C "$REPO" archive HEAD | tar -x -C "$DIR/tree"
 export LONGCTX_CACHE="$DIR/cache" GOCACHE="$DIR/cache/go-build" GOMODCACHE="$DIR/cache/go-mod"
 export PIP_NO_CACHE_DIR=1
-echo "first run of make ${TARGETS[*]}: commit $(git -C "$REPO" rev-parse --short HEAD), $(nproc) cores"
+commit=$(git -C "$REPO" rev-parse --short HEAD)
+load=$(cut -d' ' -f1 /proc/loadavg)
+echo "first run of make ${TARGETS[*]}: commit $commit, $(nproc) cores, load average $load"
 start=$SECONDS
 make -C "$DIR/tree" --no-print-directory "${TARGETS[@]}" 2>&1 \
-  | while IFS= read -r line; do printf '%s %s\n' "$(date -u +%T)" "$line"; done
+  | while IFS= read -r line; do printf '%s %s\n' "$(date -u +%T)" "$line"; done \
+  | tee "$DIR/make.log"
 rc=${PIPESTATUS[0]}
-echo "make ${TARGETS[*]} exited $rc after $((SECONDS - start)) s"
+total=$((SECONDS - start))
+echo "make ${TARGETS[*]} exited $rc after $total s"
 du -sh "$DIR"/cache/* 2>/dev/null
-exit "$rc"
+[[ $rc == 0 ]] || exit "$rc"
+# Each step's own log line ("created ... in N s", "built ... in N s", "demo finished in N s").
+python3 - "$REPO/docs/figures/first-run.json" "$DIR/make.log" "${TARGETS[*]}" "$commit" \
+  "$(nproc)" "$load" "$total" <<'PY'
+import datetime, json, re, sys
+from pathlib import Path
+out, log, targets, commit, cores, load, total = sys.argv[1:]
+names = {"operator": "operator environment", "venv": "test environment",
+         "engine-cpu": "engine environment", "bench": "benchmark environment"}
+steps = {}
+for line in Path(log).read_text().splitlines():
+    if m := re.search(r"\[(?:python|engine|bench)-env\] created \S*/([a-z-]+)-[0-9a-f]+ in (\d+) s", line):
+        steps[names[m[1]]] = int(m[2])
+    elif m := re.search(r"\[(?:control-plane|prometheus|epp)\] built (.+?) in (\d+) s", line):
+        steps["endpoint picker" if m[1].startswith("/") else m[1]] = int(m[2])
+    elif m := re.search(r"demo finished in (\d+) s", line):
+        steps["the demo itself"] = int(m[1])
+path = Path(out)
+record = json.loads(path.read_text()) if path.exists() else {}
+record[f"make {targets}"] = {
+    "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+    "commit": commit, "cores": int(cores), "load average at start": float(load),
+    "steps (s)": steps, "total (s)": int(total)}
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(json.dumps(record, indent=1) + "\n")
+print(f"recorded in {path}: {json.dumps(record[f'make {targets}'])}")
+PY
