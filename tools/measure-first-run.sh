@@ -10,7 +10,8 @@
 #
 # DIR is $LONGCTX_FIRST_RUN_DIR, default /tmp/longctx-first-run. It takes about 13 GB for the
 # demo (the engine environment and the Go caches), is kept for inspection and emptied by the
-# next run.
+# next run, except its caches with LONGCTX_FIRST_RUN_KEEP_CACHE=1: then the run measures what
+# TARGET adds to the previous one (e.g. `make test`'s builds after `make demo`).
 set -uo pipefail
 TARGETS=("${@:-demo}")
 DIR=${LONGCTX_FIRST_RUN_DIR:-/tmp/longctx-first-run}
@@ -20,7 +21,7 @@ if [[ -e "$DIR" && ! -f "$DIR/.longctx-first-run" ]]; then
   exit 2
 fi
 [[ -e "$DIR" ]] && chmod -R u+w "$DIR"   # Go leaves its module cache read-only
-rm -rf "$DIR"
+if [[ ${LONGCTX_FIRST_RUN_KEEP_CACHE:-0} == 1 ]]; then rm -rf "$DIR/tree"; else rm -rf "$DIR"; fi
 mkdir -p "$DIR/tree" "$DIR/cache"
 touch "$DIR/.longctx-first-run"
 git -C "$REPO" archive HEAD | tar -x -C "$DIR/tree"
@@ -40,10 +41,10 @@ du -sh "$DIR"/cache/* 2>/dev/null
 [[ $rc == 0 ]] || exit "$rc"
 # Each step's own log line ("created ... in N s", "built ... in N s", "demo finished in N s").
 python3 - "$REPO/docs/figures/first-run.json" "$DIR/make.log" "${TARGETS[*]}" "$commit" \
-  "$(nproc)" "$load" "$total" <<'PY'
+  "$(nproc)" "$load" "$total" "${LONGCTX_FIRST_RUN_KEEP_CACHE:-0}" <<'PY'
 import datetime, json, re, sys
 from pathlib import Path
-out, log, targets, commit, cores, load, total = sys.argv[1:]
+out, log, targets, commit, cores, load, total, keep = sys.argv[1:]
 names = {"operator": "operator environment", "venv": "test environment",
          "engine-cpu": "engine environment", "bench": "benchmark environment"}
 steps = {}
@@ -56,11 +57,12 @@ for line in Path(log).read_text().splitlines():
         steps["the demo itself"] = int(m[1])
 path = Path(out)
 record = json.loads(path.read_text()) if path.exists() else {}
-record[f"make {targets}"] = {
+after = " after the previous run" if keep == "1" else ""
+record[f"make {targets}{after}"] = {
     "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
     "commit": commit, "cores": int(cores), "load average at start": float(load),
     "steps (s)": steps, "total (s)": int(total)}
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(json.dumps(record, indent=1) + "\n")
-print(f"recorded in {path}: {json.dumps(record[f'make {targets}'])}")
+print(f"recorded in {path}: {json.dumps(record[f'make {targets}{after}'])}")
 PY
