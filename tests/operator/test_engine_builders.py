@@ -128,12 +128,13 @@ def test_pdb_per_role_and_pod_monitor():
 
 def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
     from longctx_core.vllm_config.revision import pairing_key
-    from longctx_operator.controller.builders.router import router_objects
+    from longctx_operator.controller.routers import router_for
     from longctx_core.contract import PAIRING_LABEL
 
     def keys(cr):
         objs = objects(cr)
-        pool = next(o for o in router_objects(cr, serving_plan(load_spec(cr["spec"])))
+        plan = serving_plan(load_spec(cr["spec"]))
+        pool = next(o for o in router_for(plan.spec).objects(cr, plan, plan.revision)
                     if o["kind"] == "InferencePool")
         pods = {objs[("StatefulSet", f"glm-{r}")]["spec"]["template"]["metadata"]["labels"][
             PAIRING_LABEL] for r in ("prefill", "decode")}

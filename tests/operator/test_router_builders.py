@@ -1,5 +1,5 @@
 """Unit tests of the router builders (operator/longctx_operator/controller/builders/router.py):
-the objects router_objects returns (the InferencePool, the picker's Deployment, Service and
+the objects the llm-d Router returns (the InferencePool, the picker's Deployment, Service and
 RBAC, the HTTPRoute), the ports they route to and the decode pods' routing sidecar."""
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from longctx_core import contract
 from longctx_core.sizing.roles import serving_plan
 from longctx_operator.controller.builders import router
 from longctx_operator.controller.builders.digest import content_digest
+from longctx_operator.controller.routers import router_for
 from tests.operator.router_example import make_cr
+
+
+def router_objects(cr, plan):
+    """The spec's router objects, sending requests to the plan's revision."""
+    return router_for(plan.spec).objects(cr, plan, plan.revision)
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -26,7 +32,7 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def glm():
     cr, spec = make_cr()
-    return cr, spec, by_kind(router.router_objects(cr, serving_plan(spec)))
+    return cr, spec, by_kind(router_objects(cr, serving_plan(spec)))
 
 
 # ---------------------------------------------------------------- objects
@@ -100,7 +106,7 @@ def test_ports_per_role_and_active_ports_annotation():
 def test_more_than_eight_ranks_per_pod_is_refused():
     _, spec = make_cr({"decode": {"gpusPerPod": 16, "dataParallel": 16}})
     with pytest.raises(ValueError, match="at most 8"):
-        router.router_objects(make_cr()[0], serving_plan(spec))
+        router_objects(make_cr()[0], serving_plan(spec))
 
 
 def test_picker_deployment(glm):
@@ -140,7 +146,7 @@ def test_picker_deployment(glm):
 def test_config_change_restarts_the_picker():
     def hash_of(patch):
         cr, spec = make_cr(patch)
-        dep = by_kind(router.router_objects(cr, serving_plan(spec)))["Deployment"]
+        dep = by_kind(router_objects(cr, serving_plan(spec)))["Deployment"]
         return dep["spec"]["template"]["metadata"]["annotations"][contract.PICKER_CONFIG_ANNOTATION]
 
     same = hash_of({})
@@ -148,7 +154,7 @@ def test_config_change_restarts_the_picker():
     assert same != hash_of({"router": {"prefixCache": {"lruCapacityPerServer": 1000}}})
     assert same != hash_of({"router": {"disaggregation": {"decider": "prefix-based"}}})
     cr, spec = make_cr()
-    objects = by_kind(router.router_objects(cr, serving_plan(spec)))
+    objects = by_kind(router_objects(cr, serving_plan(spec)))
     text = objects["ConfigMap"]["data"]["epp-config.yaml"]
     assert content_digest(text) == same
 
@@ -188,10 +194,10 @@ def test_rbac_is_minimal(glm):
 
 def test_http_route_only_with_gateway():
     cr, spec = make_cr()
-    assert "HTTPRoute" not in by_kind(router.router_objects(cr, serving_plan(spec)))
+    assert "HTTPRoute" not in by_kind(router_objects(cr, serving_plan(spec)))
     cr, spec = make_cr({"router": {"gateway": {"name": "llm-d-inference-gateway",
                                                "namespace": "gateways"}}})
-    route = by_kind(router.router_objects(cr, serving_plan(spec)))["HTTPRoute"]
+    route = by_kind(router_objects(cr, serving_plan(spec)))["HTTPRoute"]
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
     assert route["metadata"]["name"] == "glm"
     assert route["metadata"]["ownerReferences"] == [contract.owner_reference(cr)]
@@ -202,13 +208,13 @@ def test_http_route_only_with_gateway():
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io",
                                     "kind": "InferencePool", "name": "glm"}]
     cr, spec = make_cr({"router": {"gateway": {"name": "gw"}}})
-    route = by_kind(router.router_objects(cr, serving_plan(spec)))["HTTPRoute"]
+    route = by_kind(router_objects(cr, serving_plan(spec)))["HTTPRoute"]
     assert route["spec"]["parentRefs"][0]["namespace"] == "llm"  # defaults to the CR's
 
 
 def test_router_disabled_gives_nothing():
     cr, spec = make_cr({"router": {"enabled": False}})
-    assert router.router_objects(cr, serving_plan(spec)) == []
+    assert router_objects(cr, serving_plan(spec)) == []
 
 
 # ---------------------------------------------------------------- sidecar

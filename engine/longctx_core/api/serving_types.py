@@ -29,11 +29,14 @@ class PrefixCache(APIObject):
 class Disaggregation(APIObject):
     """When a request goes through prefill before decode."""
 
-    decider: str = api_field("always: every request is prefilled remotely; prefix-based: only "
-                             "when enough tokens are not cached on the decode pod.", "always",
-                             enum=("always", "prefix-based"))
-    nonCachedTokens: int = api_field("prefix-based: prefill remotely above this many uncached "
-                                     "tokens.", 16, minimum=0)
+    decider: str = api_field(
+        "auto: prefix-based, at the threshold the plan's performance model derives for the "
+        "layout (`longctx plan` shows it and why; docs/performance.md#disaggregation-threshold); "
+        "always: every request is prefilled remotely; prefix-based: only when at least "
+        "nonCachedTokens tokens are not cached on the decode pod.", "auto",
+        enum=("auto", "always", "prefix-based"))
+    nonCachedTokens: int = api_field("prefix-based: prefill remotely from this many uncached "
+                                     "tokens (0: never).", 16, minimum=0)
     promptTokens: int = api_field("prefix-based: only prompts at least this long (0: any).", 0,
                                   minimum=0)
 
@@ -72,6 +75,12 @@ class Router(APIObject):
     prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
     disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
     gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)
+
+    @property
+    def decode_sidecar(self) -> bool:
+        """Whether a routing sidecar fronts decode's serving ports (llm-d's); the operator's
+        Router of each type builds the rest (longctx_operator/controller/routers.py)."""
+        return self.type == "llm-d"
 
 
 @dataclass(frozen=True, kw_only=True)

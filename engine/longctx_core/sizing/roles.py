@@ -89,7 +89,7 @@ def role_plan(spec: LongContextDeploymentSpec, role: str,
     layout = role_layout(spec, role)
     return RolePlan(spec=spec, role=role, layout=layout,
                     ports=engine_ports(layout, spec.kvTransfer.sideChannelPort,
-                                       spec.router.type == "llm-d"),
+                                       spec.router.decode_sidecar),
                     memory=pod_memory(spec, layout), pairing_key=pairing_key(spec),
                     faults=faults or fault_settings(spec))
 

@@ -14,6 +14,8 @@ import yaml
 from longctx_core import contract
 from longctx_core.sizing.roles import ServingPlan
 
+from longctx_operator.controller.routers import router_for
+
 BENCH_IMAGE = "ghcr.io/longctx/bench:0.1.0"
 TRACE_KEY = "trace.jsonl"
 CORPUS_KEY = "corpus.txt"
@@ -25,19 +27,6 @@ RESULTS_DIR = "/results"
 
 def bench_name(cr_name: str) -> str:
     return f"{cr_name}-bench"
-
-
-def router_url(cr: dict[str, Any]) -> str:
-    """The vllm-router Service; llm-d's router is reached through the user's Gateway,
-    whose address only the user knows."""
-    meta = cr["metadata"]
-    router = (cr["spec"].get("router") or {})
-    if router.get("type") != "vllm-router":
-        raise ValueError(f"spec.router.type={router.get('type', 'llm-d')!r}: requests enter "
-                         "through your Gateway; pass its address with --url "
-                         "(e.g. --url http://my-gateway.gateway-ns.svc:80)")
-    return (f"http://{contract.vllm_router(meta['name'])}.{meta['namespace']}.svc:"
-            f"{contract.VLLM_ROUTER_PORT}")
 
 
 def engine_metrics_urls(cr: dict[str, Any], plan: ServingPlan) -> list[str]:
@@ -75,7 +64,7 @@ def render(cr: dict[str, Any], plan: ServingPlan, *, traces_jsonl: str, corpus: 
                  "metadata": {"name": name, "namespace": namespace,
                               "labels": _labels(meta["name"])},
                  "data": data}
-    args = ["bench", "-f", f"{BENCH_DIR}/{CR_KEY}", "--url", url or router_url(cr),
+    args = ["bench", "-f", f"{BENCH_DIR}/{CR_KEY}", "--url", url or router_for(plan.spec).bench_url(cr["metadata"]["name"], cr["metadata"]["namespace"]),
             "--model", model,
             "--tokenizer", tokenizer or MODEL_DIR, "--trace", f"{BENCH_DIR}/{TRACE_KEY}",
             "--out", RESULTS_DIR, "--emit-json"]

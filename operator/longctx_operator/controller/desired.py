@@ -10,9 +10,7 @@ from longctx_core.sizing.roles import ServingPlan
 from longctx_operator.controller.builders.autoscaling import autoscaling_objects
 from longctx_operator.controller.builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from longctx_operator.controller.builders.network_policy import network_policy
-from longctx_operator.controller.builders.picker import picker_pod_monitor
-from longctx_operator.controller.builders.router import router_objects
-from longctx_operator.controller.builders.vllm_router import vllm_router_pod_monitor
+from longctx_operator.controller.routers import router_for
 
 
 def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: bool,
@@ -24,15 +22,16 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
     objects all revisions share, with the pool on the `serving` revision (default: the
     plan's). The capacity rules need the PrometheusRule CRD; spec.autoscaling becomes a
     KEDA ScaledObject `with_keda` (its CRD exists), else an HPA."""
+    router = router_for(plan.spec)
     objects = revision_objects(cr, plan) if with_revision else []
-    objects += shared_engine_objects(cr, plan) + router_objects(cr, plan, serving)
+    objects += shared_engine_objects(cr, plan) + router.objects(cr, plan, serving or plan.revision)
     if plan.spec.networkPolicy.enabled:
         objects.append(network_policy(cr, plan))
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
         objects.append(pod_monitor(cr, plan))
-        if plan.spec.router.enabled:
-            objects.append(picker_pod_monitor(cr) if plan.spec.router.type == "llm-d"
-                           else vllm_router_pod_monitor(cr))
+        router_monitor = router.pod_monitor(cr)
+        if router_monitor is not None:
+            objects.append(router_monitor)
     if with_capacity_rules or plan.spec.autoscaling is not None:
         objects += autoscaling_objects(cr, plan, capacity_plan(plan.spec),
                                        with_rules=with_capacity_rules, with_keda=with_keda)

@@ -9,11 +9,10 @@ import datetime
 from typing import Any, Optional
 
 from longctx_core import contract
-from longctx_core.api import spec as api
 from longctx_core.sizing.roles import ServingPlan
 
 from longctx_operator.controller import rollout
-from longctx_operator.controller.builders import vllm_router
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.engine_load import IdleTracker
 from longctx_operator.runtime.kube import Kube
 
@@ -38,26 +37,6 @@ def look(cr: dict[str, Any], revisions: dict[str, rollout.Revision], desired: st
     return _TRACKERS.setdefault(key, IdleTracker()).look(pods, now)
 
 
-def router_selects(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
-                   revision: str) -> bool:
-    """Whether every router pod sends requests to `revision` only: vllm-router's
-    Deployment has rolled out the template that discovers it; the InferencePool selects
-    it (the endpoint picker follows the pool's selector at once)."""
-    meta = cr["metadata"]
-    if not spec.router.enabled:
-        return True
-    if spec.router.type == "vllm-router":
-        live = kube.get("apps/v1", "Deployment", meta["namespace"],
-                        contract.vllm_router(meta["name"]))
-        desired = {"spec": {"template": {"metadata": {"labels": {
-            contract.PAIRING_LABEL: revision}}}}}
-        return vllm_router.rolled_out(desired, live)
-    pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
-                    meta["namespace"], contract.inference_pool(meta["name"]))
-    selector = (((pool or {}).get("spec") or {}).get("selector") or {}).get("matchLabels", {})
-    return selector.get(contract.PAIRING_LABEL) == revision
-
-
 def drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,
                      revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
                      idle: dict[str, float]) -> tuple[list[tuple[str, str, str]],
@@ -76,14 +55,7 @@ def drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: f
     removed = [p["metadata"]["name"] for role, obj in sets.items()
                for p in rollout.leaving(obj["spec"]["replicas"], live.statefulsets.get(role),
                                         live.role_pods(role))]
-    switched = True
-    router = next((o for o in desired if o["kind"] == "Deployment"
-                   and o["metadata"]["name"] == contract.vllm_router(cr["metadata"]["name"])),
-                  None)
-    if router is not None and removed:
-        vllm_router.roll_for_draining(router, removed)
-        switched = vllm_router.rolled_out(router, kube.get(
-            "apps/v1", "Deployment", cr["metadata"]["namespace"], router["metadata"]["name"]))
+    switched = not removed or router_for(plan.spec).leave_out(kube, cr, desired, removed)
     events: list[tuple[str, str, str]] = []
     wake: Optional[float] = None
     for role, obj in sets.items():

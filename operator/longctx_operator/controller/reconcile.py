@@ -29,8 +29,7 @@ from longctx_core.sizing.topology import topology_plan
 
 from longctx_operator.controller import data_path, drain, rollout
 from longctx_operator.runtime import metrics
-from longctx_operator.controller.builders import vllm_router
-from longctx_operator.controller.builders.picker import picker_status
+from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
 from longctx_operator.controller.replacement import Replacement, cordoned, plan_for_revision
@@ -127,7 +126,7 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     serving: str | None = None
     replaced: Replacement | None = None
     if refusal is None and plan is not None:
-        serving = _serving_revision(kube, cr, plan.spec, previous)
+        serving = _serving_revision(kube, cr, router_for(plan.spec), previous)
         plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""),
                                            cordoned(kube.nodes()))
         try:
@@ -137,8 +136,8 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     if refusal is None and plan is not None:
         policy = _policy(plan)
         idle = drain.look(cr, revisions, plan.revision, serving, _utcnow())
-        load = rollout.DrainLoad(idle, router_switched=bool(idle) and drain.router_selects(
-            kube, cr, plan.spec, plan.revision))
+        load = rollout.DrainLoad(idle, router_switched=bool(idle) and router_for(
+            plan.spec).selects_only(kube, cr, plan.revision))
         step = rollout.step(desired=plan.revision, serving=serving,
                             revisions=revisions, previous=previous.get("rollout") or {},
                             policy=policy, now=_utcnow(), load=load,
@@ -152,7 +151,8 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
-    observed = _observe(kube, name, namespace, spec, revisions.get(serving_rev or ""))
+    router = router_for(spec) if spec is not None else None
+    observed = _observe(kube, cr, router, revisions.get(serving_rev or ""))
     if spec is None:
         desired_replicas = dict.fromkeys(contract.ROLES, 0)
     elif refusal:  # report the replicas that are actually running, not the refused spec's
@@ -164,7 +164,8 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     data_path_condition = _data_path(cr, plan, revisions, outcome)
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
-                            endpoint=_endpoint(name, namespace, spec), previous=previous,
+                            endpoint=router.endpoint(name, namespace) if router else None,
+                            previous=previous,
                             rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))
     cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous)
@@ -225,24 +226,11 @@ def _revisions(kube: Kube, name: str, namespace: str) -> dict[str, rollout.Revis
                                    kube.list("v1", "Pod", namespace, selector))
 
 
-def _serving_revision(kube: Kube, cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
+def _serving_revision(kube: Kube, cr: dict[str, Any], router: Router,
                       previous: dict[str, Any]) -> Optional[str]:
-    """The revision that serves: the one the InferencePool selects (one write switches it,
-    so it is the truth), else the one the status last recorded."""
-    meta = cr["metadata"]
-    if spec.router.enabled and spec.router.type == "vllm-router":
-        selected = vllm_router.serving_revision(kube.get(
-            "apps/v1", "Deployment", meta["namespace"], contract.vllm_router(meta["name"])))
-        if selected:
-            return selected
-    elif spec.router.enabled:
-        pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
-                        meta["namespace"], contract.inference_pool(meta["name"]))
-        selected = (((pool or {}).get("spec") or {}).get("selector") or {}).get(
-            "matchLabels", {}).get(contract.PAIRING_LABEL)
-        if selected:
-            return selected
-    return previous.get("revision")
+    """The revision that serves: the one the router sends requests to (one write switches
+    it, so it is the truth), else the one the status last recorded."""
+    return router.serving_revision(kube, cr) or previous.get("revision")
 
 
 def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]
@@ -360,30 +348,12 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
 
 
-def _observe(kube: Kube, name: str, namespace: str,
-             spec: api.LongContextDeploymentSpec | None,
+def _observe(kube: Kube, cr: dict[str, Any], router: Router | None,
              serving: rollout.Revision | None) -> Observed:
-    """The serving revision's StatefulSets and pods, and the picker."""
-    router = None
-    if spec is not None and spec.router.enabled:
-        deployment = contract.picker(name) if spec.router.type == "llm-d" \
-            else contract.vllm_router(name)
-        router = picker_status(kube.get("apps/v1", "Deployment", namespace, deployment))
+    """The serving revision's StatefulSets and pods, and the router's readiness."""
     return Observed(statefulsets=dict(serving.statefulsets) if serving else {},
-                    pods=list(serving.pods) if serving else [], router=router)
-
-
-def _endpoint(name: str, namespace: str, spec: api.LongContextDeploymentSpec | None) -> str | None:
-    if spec is None:
-        return None
-    if spec.router.enabled and spec.router.gateway:
-        gw = spec.router.gateway
-        return f"gateway {gw.namespace or namespace}/{gw.name} (HTTPRoute {namespace}/{name})"
-    if spec.router.enabled and spec.router.type == "vllm-router":
-        return f"service {namespace}/{contract.vllm_router(name)}:{contract.VLLM_ROUTER_PORT}"
-    if spec.router.enabled:
-        return f"inferencepool {namespace}/{contract.inference_pool(name)}"
-    return f"{contract.headless_service(name, 'decode')}.{namespace}.svc"
+                    pods=list(serving.pods) if serving else [],
+                    router=router.status(kube, cr) if router is not None else None)
 
 
 def _transition_events(previous: dict[str, Any], status: dict[str, Any],

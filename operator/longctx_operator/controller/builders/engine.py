@@ -12,7 +12,7 @@ from longctx_core.launcher.quantity import format_bytes
 from longctx_core.sizing.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.digest import content_digest
-from longctx_operator.controller.builders.router import pod_annotations, routing_sidecar
+from longctx_operator.controller.routers import router_for
 from longctx_core.vllm_config.recipes import launch_document
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
@@ -251,11 +251,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     if spec.placement.priorityClassName:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
-    if spec.router.enabled and spec.router.type == "llm-d":
-        # The picker offers only the ports this pod serves (one per rank).
-        annotations.update(pod_annotations(role))
-        if role.role == "decode":
-            pod_spec["initContainers"] = [routing_sidecar(role)]
+    router_for(spec).engine_pod(role, annotations, pod_spec)
     metadata = _meta(cr, contract.statefulset(cr_name, role.role, role.revision), role.role,
                      role.revision)
     if role.revision != role.pairing_key:

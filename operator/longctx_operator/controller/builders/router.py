@@ -30,7 +30,6 @@ from longctx_core.sizing.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.picker import (POOL_API_VERSION, POOL_GROUP, picker_objects, restricted_container_security,
                      router_meta)
-from longctx_operator.controller.builders.vllm_router import vllm_router_objects
 
 SIDECAR_NAME = "routing-proxy"
 
@@ -90,17 +89,11 @@ def _http_route(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
     }
 
 
-def router_objects(cr: dict[str, Any], plan: ServingPlan,
-                   serving: str | None = None) -> list[dict[str, Any]]:
-    """Every router object of a CR (owner reference and router labels on each), the pool
-    selecting the `serving` revision (default: the plan's); [] when spec.router.enabled is
-    false."""
+def llmd_objects(cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:
+    """Every llm-d router object of a CR (owner reference and router labels on each), the
+    pool selecting the `serving` revision."""
     spec = plan.spec
-    if not spec.router.enabled:
-        return []
-    if spec.router.type == "vllm-router":
-        return vllm_router_objects(cr, plan, serving)
-    objects = [inference_pool(cr, plan, serving or plan.revision), *picker_objects(cr, spec)]
+    objects = [inference_pool(cr, plan, serving), *picker_objects(cr, spec)]
     if spec.router.gateway is not None:
         objects.append(_http_route(cr, plan))
     return objects
