@@ -125,10 +125,11 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
     step: rollout.Step | None = None
     serving: str | None = None
     replaced: Replacement | None = None
+    drained_nodes: set[str] = set()
     if refusal is None and plan is not None:
         serving = _serving_revision(kube, cr, router_for(plan.spec), previous)
-        plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""),
-                                           cordoned(kube.nodes()))
+        drained_nodes = cordoned(kube.nodes())
+        plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""), drained_nodes)
         try:
             check_in_place_pair(kube, cr, plan)
         except RecipeError as exc:
@@ -143,7 +144,8 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
                             policy=policy, now=_utcnow(), load=load,
                             capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions),
                             why=replaced.describe(serving or "") if replaced else None)
-        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle)
+        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle,
+                        drained_nodes)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
         if step.wake_after is not None:
@@ -282,8 +284,8 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
 
 def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
                     policy: rollout.Policy, revisions: dict[str, rollout.Revision],
-                    outcome: Outcome, previous: dict[str, Any], idle: dict[str, float]
-                    ) -> None:
+                    outcome: Outcome, previous: dict[str, Any], idle: dict[str, float],
+                    drained_nodes: set[str]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
@@ -297,6 +299,12 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
     outcome.events += events
     if wake is not None:
         outcome.wake_within(wake)
+    moved = router_for(plan.spec).move_off(kube, cr, desired, drained_nodes)
+    if moved:
+        events.append(("Normal", "RouterMoving", f"the router leaves drained node "
+                       f"{', '.join(moved)}: its new pod starts elsewhere before the old one "
+                       "stops"))
+        outcome.events.append(events[-1])
     # A same-generation write while a rollout or a drain moves on is its next step, not drift.
     moving = bool(step.events or events) or step.phase != "Steady" or wake is not None
     written: dict[tuple[str, str], list[str]] = {}   # (reason, verb) -> objects

@@ -54,6 +54,12 @@ class Router:
         scale-down turns off; whether its running pods already do."""
         return True
 
+    def move_off(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+                 cordoned: set[str]) -> list[str]:
+        """Makes its `desired` objects move its pods off the `cordoned` nodes (a drain);
+        the nodes it starts to move off (not those a move already under way leaves)."""
+        return []
+
     def status(self, kube: Kube, cr: dict[str, Any]) -> Optional[Status]:
         name = self.deployment(cr["metadata"]["name"])
         if name is None:
@@ -158,6 +164,27 @@ class VllmRouter(Router):
         vllm_router.roll_for_draining(deployment, pods)
         return vllm_router.rolled_out(deployment, kube.get(
             "apps/v1", "Deployment", cr["metadata"]["namespace"], name))
+
+    def move_off(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+                 cordoned: set[str]) -> list[str]:
+        if not cordoned:
+            return []
+        meta = cr["metadata"]
+        pods = kube.list_raw(contract.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
+            f"{k}={v}" for k, v in contract.selector_labels(meta["name"], contract.ROUTER_COMPONENT).items()))
+        nodes = sorted({p["spec"].get("nodeName") for p in pods.get("items") or []
+                        if (p.get("spec") or {}).get("nodeName") in cordoned
+                        and not p["metadata"].get("deletionTimestamp")})
+        if not nodes:
+            return []
+        name = contract.vllm_router(meta["name"])
+        deployment = next(o for o in desired if o["kind"] == "Deployment"
+                          and o["metadata"]["name"] == name)
+        vllm_router.roll_off_nodes(deployment, nodes)
+        live = self._live(kube, cr) or {}
+        asked = (((live.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+            "annotations", {}).get(vllm_router.LEAVING_NODES_ANNOTATION)
+        return [] if asked == ",".join(nodes) else nodes
 
     def endpoint(self, cr_name: str, namespace: str) -> str:
         return f"service {namespace}/{contract.vllm_router(cr_name)}:{contract.VLLM_ROUTER_PORT}"

@@ -31,6 +31,8 @@ METRICS_PORT_NAME = "metrics"
 # The pods a scale-down takes out of the pool, on the router's pod template: a change rolls
 # the router, whose new pod discovers only the pods still serving.
 DRAINING_PODS_ANNOTATION = "longctx.dev/draining-pods"
+# The drained (cordoned) nodes its pods ran on, on the pod template: a change rolls it off them.
+LEAVING_NODES_ANNOTATION = "longctx.dev/leaving-nodes"
 HTTP_PORT_NAME = "http"
 # The ports a pod of either role serves its first engine rank on (no sidecar in front).
 WORKER_PORT = contract.SERVING_BASE_PORT
@@ -182,10 +184,21 @@ def _rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _disruption_budget(cr: dict[str, Any]) -> dict[str, Any]:
+    """A node drain never evicts the one router pod: the operator rolls the Deployment off
+    the node instead (`roll_off_nodes`), which starts the new pod first."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(cr),
+            "spec": {"maxUnavailable": 0,
+                     "selector": {"matchLabels": contract.selector_labels(
+                         cr["metadata"]["name"], COMPONENT)},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
 def vllm_router_objects(cr: dict[str, Any], plan: ServingPlan,
                         serving: str | None = None) -> list[dict[str, Any]]:
     """The router objects, discovering the `serving` revision (default: the plan's)."""
-    return [*_rbac(cr), _service(cr), _deployment(cr, plan, serving or plan.revision)]
+    return [*_rbac(cr), _service(cr), _deployment(cr, plan, serving or plan.revision),
+            _disruption_budget(cr)]
 
 
 def vllm_router_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +213,13 @@ def roll_for_draining(deployment: dict[str, Any], draining: list[str]) -> None:
     """Name the pods leaving the pool on a desired router Deployment's pod template."""
     template = deployment["spec"]["template"]["metadata"]
     template.setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(sorted(draining))
+
+
+def roll_off_nodes(deployment: dict[str, Any], nodes: list[str]) -> None:
+    """Name the drained nodes its pods run on, on a desired router Deployment's pod
+    template: the Deployment rolls, its new pod placed elsewhere before the old one goes."""
+    template = deployment["spec"]["template"]["metadata"]
+    template.setdefault("annotations", {})[LEAVING_NODES_ANNOTATION] = ",".join(sorted(nodes))
 
 
 def rolled_out(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
