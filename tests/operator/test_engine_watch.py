@@ -40,12 +40,13 @@ def engine():
     server.shutdown()
 
 
-def engine_pod(port: int, restarts: int = 0) -> dict:
+def engine_pod(port: int, restarts: int = 0, started: str = "2026-01-01T00:00:00Z") -> dict:
     return {"metadata": {"name": "cr-decode-0", "namespace": "ns", "uid": "u",
                          "labels": {"app.kubernetes.io/instance": "cr",
                                     "app.kubernetes.io/component": "decode"}},
             "spec": {"containers": [{"ports": [{"name": "vllm-0", "containerPort": port}]}]},
-            "status": {"podIP": "127.0.0.1", "containerStatuses": [{"restartCount": restarts}],
+            "status": {"podIP": "127.0.0.1", "containerStatuses": [{"restartCount": restarts, "state": {
+                           "running": {"startedAt": started}}}],
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
@@ -63,10 +64,11 @@ def test_growth_after_the_first_read_is_a_fault(engine, monkeypatch):
     assert growth.metric == "vllm:nixl_num_failed_transfers_total" and growth.grew_by == 1
     assert seen == [("ns", "cr")]
     assert data_path.RECORDED.recent(("ns", "cr"), growth.at)[-1] == growth
-    # A restarted engine starts its counters anew: a new baseline, no fault.
-    pods[0] = engine_pod(port, restarts=1)
-    state["failed"] = 0.0
-    assert watch.look() == []
+    # A restarted engine starts its counters anew, from zero: its first failure is a fault.
+    pods[0] = engine_pod(port, restarts=1, started="2999-01-01T00:00:00Z")
+    state["failed"] = 1.0
+    (growth,) = watch.look()
+    assert growth.grew_by == 1
 
 
 def test_a_pod_outside_the_allowed_networks_is_never_read(engine, monkeypatch):

@@ -60,15 +60,19 @@ def rerendered(desired: dict[str, Any], live: dict[str, Any]) -> bool:
 
 
 def rollout_cause(rerendered_roles: list[str], applied: bool, cr: dict[str, Any],
-                  previous: dict[str, Any]) -> dict[str, Any] | None:
-    """What started the last in-place roll: a spec edit, or this operator's rendering."""
+                  previous: dict[str, Any], replaced_roles: tuple[str, ...] = ()
+                  ) -> dict[str, Any] | None:
+    """What started the last roll: a spec edit, or this operator's rendering (rolled in
+    place, or `replaced_roles` replaced beside the serving revision)."""
     generation = cr["metadata"].get("generation")
-    if rerendered_roles:
-        roles = sorted(set(rerendered_roles))
+    same_spec = previous.get("observedGeneration") == generation
+    if rerendered_roles or (replaced_roles and same_spec):
+        roles = sorted(set(rerendered_roles) | set(replaced_roles))
+        how = ("a revision with their new pods comes up beside the serving one"
+               if replaced_roles else "each role rolls in place, one pod at a time")
         return {"cause": "operator", "roles": roles, "generation": generation,
-                "message": f"the operator's launch document for {' and '.join(roles)} changed "
-                           "while the spec did not change (an operator upgrade); each role "
-                           "rolls in place, one pod at a time"}
+                "message": f"the operator's rendering of {' and '.join(roles)} changed "
+                           f"while the spec did not change (an operator upgrade); {how}"}
     if applied and previous.get("observedGeneration") != generation:
         return {"cause": "spec", "generation": generation,
                 "message": f"the spec changed (generation {generation})"}

@@ -170,7 +170,8 @@ def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
                             previous=previous,
                             rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))
-    cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous)
+    cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous,
+                          replaced.changed if replaced else ())
     if cause:
         status["rolloutCause"] = cause
     if step is None:   # a refused spec changes nothing about revisions
@@ -316,8 +317,9 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         waves.setdefault(contract.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
         label = _label(obj)
         if live is None:
-            why = ("Created", "created") if new_generation else ("Recreated",
-                                                                  "recreated (deleted)")
+            why = ("Created", "created") if new_generation else \
+                ("Progressed", "created as the rollout moved on") if moving else \
+                ("Recreated", "recreated (deleted)")
         elif not new_generation and rerendered(obj, live):
             why = ("OperatorRender", "rolled in place, one pod at a time: this operator "
                    "renders a different launch document for the same spec")

@@ -42,6 +42,7 @@ class Replacement:
 
     revision: str
     reasons: tuple[str, ...]
+    changed: tuple[str, ...]    # the roles whose pod template changes
 
     def describe(self, serving: str) -> str:
         return (f"{'; '.join(self.reasons)}: revision {self.revision} comes up beside "
@@ -71,6 +72,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
         return None
     in_place = plan.with_revision(serving.name)
     reasons: list[str] = []
+    changed: list[str] = []
     for role in in_place.roles:
         live = serving.statefulsets.get(role.role)
         if live is None:
@@ -81,6 +83,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
         field = f"spec.{role.role}.replicas = {role.replicas}"
         if not matches(statefulset(cr, role)["spec"]["template"], live["spec"]["template"]):
             reasons.append(f"{role.role} has one pod ({field}) and its pod template changes")
+            changed.append(role.role)
         nodes = sorted({p["spec"].get("nodeName") for p in serving.role_pods(role.role)
                         if (p.get("spec") or {}).get("nodeName") in cordoned_nodes})
         if nodes:
@@ -95,7 +98,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
     digest = hashlib.sha256(json.dumps(
         {"pairingKey": plan.pairing_key, "templates": templates, "movedFrom": moved},
         sort_keys=True).encode()).hexdigest()[:contract.REVISION_LENGTH]
-    return Replacement(digest, tuple(reasons))
+    return Replacement(digest, tuple(reasons), tuple(changed))
 
 
 def plan_for_revision(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revision],

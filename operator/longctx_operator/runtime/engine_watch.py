@@ -4,8 +4,9 @@ data_path.py); the CR is then reconciled, which reports it.
 
 The pods come from the operator's pod cache; each rank's port is read as the drain does
 (controller/engine_load.py: the `vllm-<rank>` ports, LONGCTX_ENGINE_METRICS_NETWORKS, a 2 s
-timeout), a few pods at a time. The first read of a pod (a new pod, a restarted engine, a
-restarted operator) is its baseline: only growth after it is a fault. A read that fails is
+timeout), a few pods at a time. An engine that started after the watch did counts from zero;
+the first read of an engine that was already running (this operator just started) is its
+baseline. Only growth after that is a fault. A read that fails is
 skipped: a pod that cannot be read is the engine restart the pod status reports.
 """
 
@@ -80,6 +81,7 @@ class EngineWatch(threading.Thread):
             os.environ.get(PERIOD_ENV, DEFAULT_PERIOD_SECONDS))
         self.stopping = threading.Event()
         self._last: dict[str, dict[str, float]] = {}   # by pod uid and restart count
+        self._started = datetime.datetime.now(datetime.timezone.utc)
 
     def run(self) -> None:
         with ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="engine-read") as pool:
@@ -102,6 +104,8 @@ class EngineWatch(threading.Thread):
                 continue
             key = _instance_key(pod)
             before = self._last.get(key)
+            if before is None and _engine_started(pod) > self._started:
+                before = {}
             current[key] = counters
             if before is None:
                 continue
@@ -118,6 +122,15 @@ class EngineWatch(threading.Thread):
                 self.fault_seen(*cr)
         self._last = current
         return seen
+
+
+def _engine_started(pod: dict[str, Any]) -> datetime.datetime:
+    """When the pod's engine container last started (long ago when unknown)."""
+    times = [datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc)
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []
+        if (s := ((cs.get("state") or {}).get("running") or {}).get("startedAt"))]
+    return max(times, default=datetime.datetime.min.replace(tzinfo=datetime.timezone.utc))
 
 
 def _instance_key(pod: dict[str, Any]) -> str:

@@ -36,7 +36,8 @@ def operator(cluster) -> Iterator[Any]:
 def deployment(cluster, operator) -> Iterator[Deployment]:
     workdir = SESSION_DIR / "day-two"
     workdir.mkdir(parents=True, exist_ok=True)
-    with RealEngines(cluster.cp, workdir, octet=150) as real:
+    # Two loopback nodes: a drained node's pods have somewhere to go.
+    with RealEngines(cluster.cp, workdir, nodes=2, octet=150) as real:
         served = Deployment(real, workdir / "cr.yaml")
         with real.deployed(served.cr, NAMESPACE, READY_TIMEOUT) as seconds:
             print(f"\n[day-two] Ready in {seconds:.0f} s")
