@@ -65,3 +65,19 @@ def test_each_fault_is_reported_once_and_old_growth_forgotten():
     assert recorded.unreported(key, faults) == []
     later = NOW + datetime.timedelta(seconds=data_path.FAULT_HOLD_SECONDS + 1)
     assert recorded.recent(key, later) == []
+
+
+def test_an_engine_that_just_died_is_reported_once_across_its_restart():
+    dead = pod("decode", 0, None)
+    dead["status"]["containerStatuses"][0]["state"] = {"terminated": {
+        "reason": "Error", "exitCode": 137, "finishedAt": "2026-12-04T11:59:50Z"}}
+    back = pod("decode", 1, "2026-12-04T11:59:50Z")
+    (first,) = data_path.restarted([dead], NOW, "fail")
+    (second,) = data_path.restarted([back], NOW, "fail")
+    assert first.key == second.key
+
+
+def test_a_pod_being_deleted_is_no_fault():
+    leaving = pod("decode", 1, "2026-12-04T11:59:50Z")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-04T11:59:49Z"
+    assert data_path.restarted([leaving], NOW, "fail") == []

@@ -79,23 +79,27 @@ def clients_saw(reason: str, role: str, policy: str) -> str:
 
 def restarted(pods: Iterable[dict[str, Any]], now: datetime.datetime, policy: str
               ) -> list[Fault]:
-    """Engine containers that exited within FAULT_HOLD_SECONDS and were restarted."""
+    """Engine containers of pods that are not being deleted that exited within
+    FAULT_HOLD_SECONDS (the kubelet restarts them): the exit the container is in now, or
+    the one before its last restart."""
     out = []
     for pod in pods:
         name = pod["metadata"]["name"]
+        if pod["metadata"].get("deletionTimestamp"):
+            continue   # a pod stopped on purpose (a rollout, a scale-down)
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            last = (cs.get("lastState") or {}).get("terminated") or {}
-            at = _parse_time(last.get("finishedAt"))
-            if not cs.get("restartCount") or at is None or \
-                    (now - at).total_seconds() > FAULT_HOLD_SECONDS:
-                continue
-            exit_text = f"{last.get('reason', 'exited')}, exit code {last.get('exitCode', '?')}"
-            out.append(Fault(
-                key=f"{pod['metadata'].get('uid', name)}/{cs['name']}/{cs['restartCount']}",
-                pod=name, reason="EngineRestarted", at=at,
-                message=f"the {_role(pod)} engine of pod {name} exited ({exit_text}) at "
-                        f"{last.get('finishedAt')} and was restarted: "
-                        + clients_saw("EngineRestarted", _role(pod), policy)))
+            for state in (cs.get("state"), cs.get("lastState")):
+                ended = (state or {}).get("terminated") or {}
+                at = _parse_time(ended.get("finishedAt"))
+                if at is None or (now - at).total_seconds() > FAULT_HOLD_SECONDS:
+                    continue
+                how = f"{ended.get('reason', 'exited')}, exit code {ended.get('exitCode', '?')}"
+                out.append(Fault(
+                    key=f"{pod['metadata'].get('uid', name)}/{cs['name']}/{ended['finishedAt']}",
+                    pod=name, reason="EngineRestarted", at=at,
+                    message=f"the {_role(pod)} engine of pod {name} exited ({how}) at "
+                            f"{ended['finishedAt']}; the kubelet restarts it: "
+                            + clients_saw("EngineRestarted", _role(pod), policy)))
     return out
 
 

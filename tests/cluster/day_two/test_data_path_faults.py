@@ -14,6 +14,10 @@ Each fault lands at a known point of a request:
   prefill engine is stopped (SIGSTOP, at most 20 s) between the prefill leg and the
   decode leg.
 
+For each, the operator must post an Event and set the DataPathHealthy condition within
+REPORT_SECONDS, naming the pod, the fault and what clients saw, from what it already reads
+(pod status, the engines' /metrics).
+
 The cases run in this order; the last one's requests after the fault are also the first
 served by the restarted decode engine. Bounded: 8 requests after settling, each at most
 300 s.
@@ -37,6 +41,9 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.cluster
 
 LONG_PROMPT = 1500          # words: about 1,500 tokens, most of maxContextTokens 2048
+# From the fault to the operator's Event: the engine watch reads every 5 s, a restart shows
+# in the pod status the kubelet writes.
+REPORT_SECONDS = 30
 # An engine restart took 4-5 min under a load average of 15, over 6 min at 40.
 RESTART_TIMEOUT = 600
 STOP_SECONDS = 20
@@ -53,6 +60,24 @@ CASES = [
      "served again within 60 s"),
 ]
 FIGURES = Figures("data-path-faults", "faults")
+
+
+def reported(deployment, known: set[str], since: float, *wanted: tuple[str, str]
+             ) -> dict[str, Any]:
+    """Waits for an Event of each (reason, pod) in `wanted` and the DataPathHealthy
+    condition False; returns the events, the condition and how long the reports took."""
+    def found() -> list[str] | None:
+        new = [e for e in deployment.events() if e not in known]
+        hits = [next((e for e in new if e.startswith(f"{reason}:") and pod in e), None)
+                for reason, pod in wanted]
+        cond = next((c for c in deployment.status().get("conditions", [])
+                     if c["type"] == "DataPathHealthy"), {})
+        return hits if all(hits) and cond.get("status") == "False" else None
+    hits = wait_for(found, REPORT_SECONDS, f"the operator's report of {wanted}", 0.5)
+    took = time.monotonic() - since
+    cond = next(c for c in deployment.status()["conditions"] if c["type"] == "DataPathHealthy")
+    return {"events": [e[:240] for e in hits], "reported_s": round(took, 1),
+            "conditions": [f"DataPathHealthy=False {cond['reason']}"]}
 
 
 def restarts(pod: dict[str, Any]) -> int:
@@ -125,10 +150,15 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     case = "prefill lost before decode read its KV"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
                           "client_s_after_kill": round(waited, 1),
-                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before,
+                          "sent": 1, "failed": int(got.failed), "cut_off": 0,
+                          "longest_wait_s": round(got.wait, 1)})
+    report = reported(deployment, known, killed, ("EngineRestarted", prefill["metadata"]["name"]),
+                      ("KVTransferFailed", decode["metadata"]["name"]))
+    FIGURES.record(case, report)
     trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
-    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back),
-                          "events": [e[:160] for e in deployment.events() if e not in known]})
+    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
+    assert "error event" in report["events"][1], report
     assert got.failed and got.tokens == 0, got
     assert waited < 30, f"the client waited {waited:.0f} s after the prefill died"
     next_one = stream_chat(deployment.router(), deployment.model, words(300, seed=42), 8)
@@ -154,10 +184,15 @@ def test_decode_lost_mid_answer(deployment):
     waited = time.monotonic() - killed
     case = "decode lost mid-answer"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
-                          "client_s_after_kill": round(waited, 1)})
+                          "client_s_after_kill": round(waited, 1), "sent": 1,
+                          "failed": int(got.failed),
+                          "cut_off": int(not got.failed and got.tokens < answer_tokens),
+                          "longest_wait_s": round(got.wait, 1)})
+    report = reported(deployment, known, killed, ("EngineRestarted", decode["metadata"]["name"]))
+    FIGURES.record(case, report)
+    assert "without an error event or a finish_reason" in report["events"][0], report
     trace, seconds_back = back(deployment, decode["metadata"]["name"], restarts(decode))
-    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back),
-                          "events": [e[:160] for e in deployment.events() if e not in known]})
+    FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
     assert 0 < got.tokens < answer_tokens, got           # cut off, never complete
     assert waited < 30, f"the client waited {waited:.0f} s after decode died"
 
@@ -169,7 +204,9 @@ def test_nixl_side_channel_unreachable(deployment):
     the decode leg with the prefill's `kv_transfer_params`, whose stream is what
     vllm-router passes to the client."""
     deployment.settle(warm=False)
+    known = set(deployment.events())
     (decode_url,) = deployment.urls("decode").values()
+    (decode,) = deployment.pods("decode")
     name, prefill_url = next(iter(deployment.urls("prefill").items()))
     prefill = deployment.pod(name)
     failed_before = kv_counters(decode_url)["nixl_failed"]
@@ -191,7 +228,11 @@ def test_nixl_side_channel_unreachable(deployment):
     case = "NIXL side channel unreachable"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
                           "client_s_after_stop": round(waited, 1),
-                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before})
+                          "nixl_failed": kv_counters(decode_url)["nixl_failed"] - failed_before,
+                          "sent": 1, "failed": int(got.failed), "cut_off": 0,
+                          "longest_wait_s": round(got.wait, 1)})
+    FIGURES.record(case, reported(deployment, known, stopped,
+                                  ("KVTransferFailed", decode["metadata"]["name"])))
     assert got.failed and got.tokens == 0, got
     assert waited < STOP_SECONDS, f"the client waited {waited:.0f} s for the side channel"
     # Requests right after the prefill resumes may still meet the failed handshake's state:

@@ -1,26 +1,36 @@
-"""A scale-down, a Surge rollout and a decode-only edit under a steady stream of requests
-through vllm-router, on the package's real engines: what the clients got (failed, cut off,
-the longest wait), that every answer came from one revision's pair, and that a drain ends
-once the draining pods hold no request (the window is 300 s, so an early end shows).
+"""Every change a user makes on day two, under a steady stream of requests through
+vllm-router, on the package's real engines: none may fail or cut off a request. Each case
+records what the clients got (sent, failed, cut off, the longest wait), how long the change
+took and what the operator reported (docs/data-path.md's table, generated from the record).
 
 In turn, each under traffic (one request in flight at a time, one every 0.2 s at most, as
 the 2-core machine allows while new engines start; at least 10 per case; bounded in count
 and seconds):
 1. a scale-down of the prefill role from two pods to one (the pod that leaves drains);
-2. a Surge rollout (a pairing flag changes): a new prefill/decode pair starts beside the
-   old one, the router switches, the old pair drains;
-3. a decode-only in-place edit (one decode pod: it restarts).
+2. an engine image upgrade: a new NIXL pairing key, so a Surge: a new pair starts beside
+   the old one, the router switches, the old pair drains;
+3. a decode-only and 4. a prefill-only in-place edit with one pod per role: the role's only
+   pod is replaced beside the serving revision, never restarted in place;
+5. a router edit (its image): the router's Deployment surges its one pod;
+6. a node drain (`kubectl drain` of the decode pod's node, evictions through the
+   PodDisruptionBudgets): the single pods and the router move to the other node first;
+7. an operator upgrade that renders the engines differently (the operator runs in this
+   process: the new rendering stays for the rest of the module);
+8. a scale-up of prefill from one pod to two.
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
+from longctx_core import contract
+from longctx_core.sizing import faults, roles
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
-from tests.cluster.real_engines import chat, words
+from tests.cluster.real_engines import ENGINE_IMAGE_NEXT, ROUTER_IMAGE_NEXT, chat, words
 from tests.cluster.traffic import PodCounters, RouterEndpoint, Traffic
 from tests.conftest import wait_for
 
@@ -32,29 +42,31 @@ PHASE_TIMEOUT = 600
 TRAFFIC_INTERVAL = 0.2
 MIN_REQUESTS = 10
 ONE_PREFILL = {"prefill": {"replicas": 1}}
-# The CPU backend's own block size for the dense model, pinned: a new pairing key.
-SURGE = {**ONE_PREFILL, "engine": {"extraArgs": {"prefill": ["--block-size", "128"],
-                                                 "decode": ["--block-size", "128"]}}}
-DECODE_EDIT = {**ONE_PREFILL, "engine": {"extraArgs": {
-    "prefill": ["--block-size", "128"],
-    "decode": ["--block-size", "128", "--max-num-seqs", "64"]}}}
-# Each case, its test and what the test requires of the clients (docs/reliability.md).
-CASES = [
-    ("scale-down of prefill from 2 pods to 1 under traffic", "test_scale_down_under_traffic",
-     "nothing: no request failed or cut off, the drain ended early"),
-    ("Surge rollout under traffic", "test_surge_rollout_under_traffic",
-     "nothing: no request failed or cut off, each answer from one revision's pair"),
-    ("decode-only in-place edit under traffic (one decode pod)",
-     "test_decode_only_in_place_edit_under_traffic",
-     "the requests in flight while decode restarts (counted, not required); served after"),
-]
+UPGRADED = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT}}
+DECODE_EDIT = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT, "extraArgs": {
+    "decode": ["--max-num-seqs", "64"]}}}
+PREFILL_EDIT = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT, "extraArgs": {
+    "decode": ["--max-num-seqs", "64"], "prefill": ["--max-num-seqs", "8"]}}}
+ROUTER_EDIT = {**PREFILL_EDIT, "router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
+TWO_PREFILL = {**ROUTER_EDIT, "prefill": {"replicas": 2}}
 FIGURES = Figures("traffic-rollouts", "traffic")
 
 
-def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
+def revision(pod: dict[str, Any]) -> str:
+    return pod["metadata"]["labels"][contract.PAIRING_LABEL]
+
+
+def conditions(deployment) -> list[str]:
+    return [f"{c['type']}={c['status']} {c.get('reason', '')}"
+            for c in deployment.status().get("conditions", [])
+            if c["type"] in ("Ready", "RolloutBlocked", "Degraded", "DataPathHealthy")]
+
+
+def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callable[[], Any],
                   max_requests: int) -> tuple[dict[str, Any], PodCounters]:
-    """Starts the traffic and the per-pod counters, applies `edit`, waits for done()
-    (bounded), stops both; returns what the clients got and the counters."""
+    """Starts the traffic and the per-pod counters, makes the change, waits for done()
+    (bounded), stops both; records and returns what the clients got, with the counters.
+    A request still open when the traffic stops counts as failed."""
     deployment.settle()
     known = set(deployment.events())
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
@@ -62,12 +74,12 @@ def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
     router = RouterEndpoint(real, namespace, name).start()
     traffic = Traffic(router, deployment.model, interval=TRAFFIC_INTERVAL, parallel=1,
                       max_requests=max_requests, max_seconds=PHASE_TIMEOUT).start()
-    time.sleep(3)                      # traffic flows before the edit
-    deployment.apply(edit)
-    edited = time.monotonic()
+    time.sleep(3)                      # traffic flows before the change
+    change()
+    changed = time.monotonic()
     try:
         wait_for(done, PHASE_TIMEOUT, case, 1)
-        took = time.monotonic() - edited
+        took = time.monotonic() - changed
         # However quick the change, the case sees MIN_REQUESTS answers.
         wait_for(lambda: len(traffic.outcomes) >= MIN_REQUESTS, 60,
                  f"{MIN_REQUESTS} requests answered")
@@ -76,7 +88,8 @@ def under_traffic(deployment, case: str, edit: dict[str, Any], done: Any,
         router.stop()
         counters.stop()
     summary = {**traffic.summary(), "seconds": round(took),
-               "events": [e[:200] for e in deployment.events() if e not in known]}
+               "events": [e[:240] for e in deployment.events() if e not in known],
+               "conditions": conditions(deployment)}
     FIGURES.record(case, summary)
     return summary, counters
 
@@ -86,13 +99,28 @@ def assert_one_revision_per_answer(counters: PodCounters) -> None:
     in requests and prompt tokens: every prompt is distinct in length, so a request
     prefilled by one revision and decoded by another would unbalance both."""
     by_rev = counters.by_revision()
-    for rev, roles in by_rev.items():
-        assert roles.get("prefill", (0, 0)) == roles.get("decode", (0, 0)), by_rev
+    for rev, roles_ in by_rev.items():
+        assert roles_.get("prefill", (0, 0)) == roles_.get("decode", (0, 0)), by_rev
 
 
-def assert_none_failed(summary: dict[str, Any]) -> None:
+def assert_none_lost(summary: dict[str, Any]) -> None:
     assert summary["sent"] >= MIN_REQUESTS and summary["failed"] == 0 \
         and summary["cut_off"] == 0, summary
+
+
+def settled_on_new(deployment, old: str) -> Callable[[], bool]:
+    def check() -> bool:
+        s = deployment.status()
+        pods = deployment.pods()
+        return (s.get("rollout") or {}).get("phase") == "Steady" and \
+            s.get("revision") != old and {revision(p) for p in pods} == {s.get("revision")} \
+            and all(map(is_ready, pods))
+    return check
+
+
+def started(summary: dict[str, Any]) -> str:
+    (message,) = [e for e in summary["events"] if e.startswith("RolloutStarted")]
+    return message
 
 
 def test_scale_down_under_traffic(deployment):
@@ -101,49 +129,136 @@ def test_scale_down_under_traffic(deployment):
     def one_prefill() -> bool:
         pods = deployment.pods()
         return len(pods) == 2 and not any(p["metadata"].get("deletionTimestamp") for p in pods)
-    summary, counters = under_traffic(deployment, "scale-down 2 to 1 prefill pods",
-                                      ONE_PREFILL, one_prefill, max_requests=200)
-    assert_none_failed(summary)
+    summary, counters = under_traffic(deployment, "scale-down of prefill from 2 pods to 1",
+                                      lambda: deployment.apply(ONE_PREFILL), one_prefill,
+                                      max_requests=200)
+    assert_none_lost(summary)
     assert_one_revision_per_answer(counters)
-    drained = [e for e in summary["events"] if e.startswith("ScaleDownDrained")]
-    assert drained, summary["events"]
+    assert any(e.startswith("ScaleDownDrained") for e in summary["events"]), summary["events"]
     assert summary["seconds"] < DRAIN_SECONDS, "the drain took its whole window"
 
 
-def test_surge_rollout_under_traffic(deployment):
+def test_engine_image_upgrade_under_traffic(deployment):
     old = deployment.status()["revision"]
-
-    def steady_on_new() -> bool:
-        s = deployment.status()
-        revs = {p["metadata"]["labels"]["longctx.dev/pairing"] for p in deployment.pods()}
-        return (s.get("rollout") or {}).get("phase") == "Steady" and \
-            s.get("revision") != old and revs == {s.get("revision")}
-    summary, counters = under_traffic(deployment, "Surge rollout", SURGE, steady_on_new,
-                                      max_requests=1000)
-    FIGURES.record("Surge rollout", {"by_revision": counters.by_revision()})
-    assert_none_failed(summary)
+    summary, counters = under_traffic(
+        deployment, "engine image upgrade (a new pairing key: Surge)",
+        lambda: deployment.apply(UPGRADED), settled_on_new(deployment, old), max_requests=1000)
+    FIGURES.record("engine image upgrade (a new pairing key: Surge)",
+                   {"by_revision": counters.by_revision()})
+    assert_none_lost(summary)
     assert_one_revision_per_answer(counters)
     served = counters.by_revision()
-    assert len(served) == 2 and all(roles.get("decode", (0, 0))[0] > 0
-                                    for roles in served.values()), served   # both served
+    assert len(served) == 2 and all(r.get("decode", (0, 0))[0] > 0 for r in served.values()), \
+        served   # both revisions served
     drained = [e for e in summary["events"] if e.startswith("RolloutDrained")]
     # The drain ended on idle engines, long before its window.
     assert drained and "held no request" in drained[-1], summary["events"]
-    assert deployment.status()["rollout"].get("switchTime")
 
 
-def test_decode_only_in_place_edit_under_traffic(deployment):
-    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in deployment.pods()}
+@pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT), ("prefill", PREFILL_EDIT)])
+def test_single_pod_edit_under_traffic(deployment, role, edit):
+    old = deployment.status()["revision"]
+    before = {p["metadata"]["uid"] for p in deployment.pods()}
+    summary, counters = under_traffic(
+        deployment, f"{role}-only edit, one pod per role (replaced beside)",
+        lambda: deployment.apply(edit), settled_on_new(deployment, old), max_requests=1000)
+    assert_none_lost(summary)
+    assert_one_revision_per_answer(counters)
+    assert f"{role} has one pod (spec.{role}.replicas = 1) and its pod template changes" in \
+        started(summary), summary["events"]
+    assert not before & {p["metadata"]["uid"] for p in deployment.pods()}
 
-    def decode_replaced() -> bool:
-        pods = {p["metadata"]["name"]: p for p in deployment.pods()}
-        changed = {n for n, p in pods.items() if before.get(n) != p["metadata"]["uid"]}
-        return all(map(is_ready, pods.values())) and len(pods) == 2 and len(changed) == 1 \
-            and "decode" in next(iter(changed))
-    summary, _ = under_traffic(deployment, "decode-only in-place edit", DECODE_EDIT,
-                               decode_replaced, max_requests=500)
-    assert summary["sent"] >= MIN_REQUESTS, summary
-    # The one decode pod restarts: what the clients got meanwhile is measured, not
-    # required; the prefill pod was not restarted and the answers after it are whole.
+
+def test_router_edit_under_traffic(deployment):
+    def router_rolled() -> bool:
+        pods = deployment.real.pods(deployment.namespace,
+                                    f"app.kubernetes.io/instance={deployment.name},"
+                                    f"{contract.COMPONENT_LABEL}={contract.ROUTER_COMPONENT}")
+        return len(pods) == 1 and is_ready(pods[0]) and \
+            pods[0]["spec"]["containers"][0]["image"] == ROUTER_IMAGE_NEXT
+    summary, _ = under_traffic(deployment, "router edit (its image)",
+                               lambda: deployment.apply(ROUTER_EDIT), router_rolled,
+                               max_requests=300)
+    assert_none_lost(summary)
+
+
+def test_node_drain_under_traffic(deployment):
+    old = deployment.status()["revision"]
+    (decode,) = deployment.pods("decode")
+    node = decode["spec"]["nodeName"]
+    cp = deployment.real.cp
+    router_nodes = {p["spec"]["nodeName"] for p in deployment.real.pods(
+        deployment.namespace, f"app.kubernetes.io/instance={deployment.name},"
+                              f"{contract.COMPONENT_LABEL}={contract.ROUTER_COMPONENT}")}
+    drain: list[subprocess.Popen] = []
+
+    def drain_node() -> None:
+        drain.append(subprocess.Popen(
+            [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "drain", node,
+             "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={PHASE_TIMEOUT}s"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+    def drained() -> bool:
+        return drain[0].poll() is not None and settled_on_new(deployment, old)()
+    try:
+        summary, counters = under_traffic(deployment, f"node drain (kubectl drain {node})",
+                                          drain_node, drained, max_requests=1000)
+        out = drain[0].communicate()[0]
+    finally:
+        if drain and drain[0].poll() is None:
+            drain[0].kill()
+        cp.kubectl("uncordon", node, check=False)
+    assert drain[0].returncode == 0, out
+    assert_none_lost(summary)
+    assert_one_revision_per_answer(counters)
+    assert f"on node {node}, which is being drained" in started(summary), summary["events"]
+    if node in router_nodes:
+        assert any(e.startswith("RouterMoving") for e in summary["events"]), summary["events"]
+    assert all(p["spec"]["nodeName"] != node for p in deployment.pods())
+
+
+@pytest.fixture(scope="module")
+def operator_upgrade() -> Any:
+    """Makes the in-process operator render as its next build would: a recalibrated NIXL
+    lease for the same spec. Undone when the module ends (the last of the package)."""
+    patch = pytest.MonkeyPatch()
+
+    def upgrade() -> None:
+        patch.setattr(faults, "VLLM_DEFAULT_LEASE_SECONDS",
+                      faults.VLLM_DEFAULT_LEASE_SECONDS + 15)
+        roles._priced.cache_clear()
+    yield upgrade
+    patch.undo()
+    roles._priced.cache_clear()
+
+
+def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
+    """Both single-pod roles are replaced beside the serving revision, and the status names
+    the operator as the cause."""
+    old = deployment.status()["revision"]
+
+    def upgrade() -> None:
+        operator_upgrade()
+        # Any event reconciles the CR; the spec and its generation stay as they are.
+        deployment.real.cp.kubectl("annotate", "lcd", deployment.name, "-n",
+                                   deployment.namespace, "longctx.dev/test-nudge=upgrade",
+                                   "--overwrite")
+    summary, counters = under_traffic(deployment, "operator upgrade that renders differently",
+                                      upgrade, settled_on_new(deployment, old),
+                                      max_requests=1000)
+    assert_none_lost(summary)
+    assert_one_revision_per_answer(counters)
+    cause = deployment.status()["rolloutCause"]
+    assert cause["cause"] == "operator" and "decode" in cause["roles"], cause
     deployment.settle()
     assert chat(deployment.router(), deployment.model, words(80, seed=7), 8)
+
+
+def test_scale_up_under_traffic(deployment, operator_upgrade):
+    def two_prefill() -> bool:
+        pods = deployment.pods("prefill")
+        return len(pods) == 2 and all(map(is_ready, pods))
+    summary, _ = under_traffic(deployment, "scale-up of prefill from 1 pod to 2",
+                               lambda: deployment.apply(TWO_PREFILL), two_prefill,
+                               max_requests=500)
+    assert_none_lost(summary)
