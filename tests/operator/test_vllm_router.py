@@ -92,3 +92,26 @@ def test_a_leaving_router_pod_serves_what_it_holds_for_the_request_timeout():
     assert args[args.index("--request-timeout-secs") + 1] == str(timeout)
     assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": timeout}}
     assert pod["terminationGracePeriodSeconds"] > timeout
+
+
+def test_router_pods_follow_the_engines_or_their_own_placement():
+    import copy
+    from longctx_core.api.spec import load_spec
+    from longctx_core.sizing.roles import serving_plan
+    from longctx_operator.controller.routers import router_for
+
+    def pod_spec(cr, kind="Deployment"):
+        plan = serving_plan(load_spec(cr["spec"]), cr["metadata"]["name"])
+        (dep,) = [o for o in router_for(plan.spec).objects(cr, plan, plan.revision)
+                  if o["kind"] == kind]
+        return dep["spec"]["template"]["spec"]
+    cr = copy.deepcopy(CR)
+    cr["spec"]["placement"] = {"nodeSelector": {"pool": "engines"},
+                               "tolerations": [{"key": "t", "operator": "Exists"}]}
+    spec = pod_spec(cr)
+    assert spec["nodeSelector"] == {"pool": "engines"} and spec["tolerations"][0]["key"] == "t"
+    cr["spec"]["router"]["placement"] = {"nodeSelector": {"pool": "routers"}}
+    assert pod_spec(cr)["nodeSelector"] == {"pool": "routers"}
+    assert "tolerations" not in pod_spec(cr)
+    cr["spec"]["router"]["type"] = "llm-d"
+    assert pod_spec(cr)["nodeSelector"] == {"pool": "routers"}   # the endpoint picker's

@@ -8,7 +8,7 @@ from typing import Optional
 
 from longctx_core.api.fields import MAX_IMAGE_LENGTH, image_rule
 from longctx_core.contract import NIXL_SIDE_CHANNEL_PORT
-from longctx_core.api.schema import APIObject, api_field
+from longctx_core.api.schema import APIObject, Preserved, api_field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,14 @@ class GatewayRef(APIObject):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RouterPlacement(APIObject):
+    """Where the router's pods run (vllm-router, or llm-d's endpoint picker)."""
+
+    nodeSelector: dict[str, str] = api_field("Node labels to require.", {})
+    tolerations: list[Preserved] = api_field("Tolerations (core/v1 Toleration).", [])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Router(APIObject):
     """The prefix-aware router in front of the engines: llm-d's (InferencePool, endpoint
     picker, decode routing sidecar) or vLLM's own (vllm-router)."""
@@ -75,6 +83,9 @@ class Router(APIObject):
     prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
     disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
     gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)
+    placement: Optional[RouterPlacement] = api_field(
+        "Where the router's pods run; unset: on the nodes spec.placement selects for the "
+        "engines (its nodeSelector and tolerations; no GPU is requested).", None)
 
     @property
     def decode_sidecar(self) -> bool:

@@ -11,9 +11,11 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api import spec as api
+from longctx_core.sizing.decider import PREFIX_BASED, decider
 from longctx_core.sizing.prefix_index import prefix_index
 
 from longctx_operator.controller.builders.digest import content_digest
+from longctx_operator.controller.builders.router_placement import router_placement
 
 COMPONENT = contract.ROUTER_COMPONENT
 POOL_API_VERSION = contract.KIND_BY_NAME["InferencePool"].api_version
@@ -33,7 +35,6 @@ DEPRECATED_PLUGIN_TYPES = frozenset({
     "pd-profile-handler", "disagg-headers-handler", "prefill-header-handler", "by-label",
     "by-label-selector", "precise-prefix-cache-scorer", "data-parallel-profile-handler",
 })
-DECIDER_TYPES = {"always": "always-disagg-pd-decider", "prefix-based": "prefix-based-pd-decider"}
 
 
 def router_meta(cr: dict[str, Any], name: str) -> dict[str, Any]:
@@ -59,11 +60,13 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
     router = spec.router
     # Sized from the capacity plan unless the CR sets them (longctx_core.sizing.prefix_index).
     index = prefix_index(spec)
-    decider_type = DECIDER_TYPES[router.disaggregation.decider]
-    decider: dict[str, Any] = {"type": decider_type}
-    if router.disaggregation.decider == "prefix-based":
-        decider["parameters"] = {"nonCachedTokens": router.disaggregation.nonCachedTokens,
-                                 "promptTokens": router.disaggregation.promptTokens}
+    # auto: the threshold the performance model derives for the layout (sizing/decider.py).
+    chosen = decider(spec)
+    decider_type = chosen.decider
+    plugin: dict[str, Any] = {"type": decider_type}
+    if decider_type == PREFIX_BASED:
+        plugin["parameters"] = {"nonCachedTokens": chosen.non_cached_tokens,
+                                "promptTokens": router.disaggregation.promptTokens}
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
@@ -77,10 +80,14 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
             {"type": "prefix-cache-scorer"},
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
+            # A request no endpoint holds a prefix of (a new session) goes to the endpoint
+            # least recently given one, so new sessions spread over the pods while the
+            # prefix scorer keeps each later turn on the pod holding its prefix.
+            {"type": "no-hit-lru-scorer"},
             {"type": "prefill-filter"},
             {"type": "decode-filter"},
             {"type": "max-score-picker"},
-            decider,
+            plugin,
             {"type": "disagg-profile-handler",
              "parameters": {"deciders": {"prefill": decider_type}}},
         ],
@@ -90,6 +97,7 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
                 {"pluginRef": "max-score-picker"},
                 {"pluginRef": "prefix-cache-scorer", "weight": 2},
                 {"pluginRef": "queue-scorer", "weight": 1},
+                {"pluginRef": "no-hit-lru-scorer", "weight": 1},
             ]},
             {"name": "decode", "plugins": [
                 {"pluginRef": "decode-filter"},
@@ -97,6 +105,7 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
                 {"pluginRef": "prefix-cache-scorer", "weight": 2},
                 {"pluginRef": "queue-scorer", "weight": 1},
                 {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+                {"pluginRef": "no-hit-lru-scorer", "weight": 1},
             ]},
         ],
     }
@@ -157,6 +166,7 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                     "annotations": {contract.PICKER_CONFIG_ANNOTATION: content_digest(text)},
                 },
                 "spec": {
+                    **router_placement(spec),
                     "serviceAccountName": name,
                     "automountServiceAccountToken": True,
                     "terminationGracePeriodSeconds": 130,  # --drain-timeout 30s plus shutdown

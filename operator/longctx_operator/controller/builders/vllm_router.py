@@ -25,6 +25,8 @@ from typing import Any
 from longctx_core import contract
 from longctx_core.sizing.roles import ServingPlan
 
+from longctx_operator.controller.builders.router_placement import router_placement
+
 COMPONENT = contract.ROUTER_COMPONENT
 NONROOT_UID = 65532
 METRICS_PORT_NAME = "metrics"
@@ -81,18 +83,6 @@ def _drain_seconds(plan: ServingPlan) -> int:
     return plan.prefill.faults.request_timeout_seconds
 
 
-def _placement(plan: ServingPlan) -> dict[str, Any]:
-    """The router runs on the nodes spec.placement selects for the engines, next to them
-    (no GPU is requested, so nothing GPU-specific is required)."""
-    placement = plan.spec.placement
-    out: dict[str, Any] = {}
-    if placement.nodeSelector:
-        out["nodeSelector"] = dict(placement.nodeSelector)
-    if placement.tolerations:
-        out["tolerations"] = [dict(t) for t in placement.tolerations]
-    return out
-
-
 def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     probe_port = contract.VLLM_ROUTER_PORT
@@ -112,7 +102,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                 "metadata": {"labels": {**contract.labels(cr_name, COMPONENT),
                                         contract.PAIRING_LABEL: revision}},
                 "spec": {
-                    **_placement(plan),
+                    **router_placement(plan.spec),
                     # Its endpoint goes at once; the requests the pod still holds last at
                     # most the request timeout, and it serves them until SIGTERM.
                     "terminationGracePeriodSeconds": _drain_seconds(plan) + 10,
