@@ -10,7 +10,7 @@ PY = $(PYTHON_ENV)/bin/python
 OPERATOR_PY = $(shell tools/python-env.sh operator)/bin/python
 export PYTHONPATH := $(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
-.PHONY: demo test test-day2 unit figures cluster-bins python-env operator-env engine-env bench-env crds plan render
+.PHONY: demo demo-deps test test-day2 unit figures cluster-bins python-env operator-env engine-env bench-env crds plan render
 
 # pytest, vLLM 0.33.0 (the contract tests) and torch (the kernel tests): make test, make unit.
 python-env:
@@ -35,9 +35,11 @@ cluster-bins:
 
 # Only what the demo runs: the control plane without helm (Go, CPU-bound) built side by side
 # with the engine environment (mostly downloads); each step logs how long it took.
-demo: operator-env
+demo-deps: operator-env
 	@tools/build-control-plane.sh --without-helm >/dev/null & build=$$!; \
 	  tools/engine-env.sh >/dev/null; engines=$$?; wait $$build && exit $$engines
+
+demo: demo-deps
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh --without-helm) $(OPERATOR_PY) -m tests.cluster.demo
 
 test: python-env engine-env bench-env cluster-bins
