@@ -24,6 +24,7 @@ import ipaddress
 import os
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 ENGINE_PORT_PREFIX = "vllm-"      # builders/engine.py names each rank's HTTP port so
 SCRAPE_TIMEOUT_SECONDS = 2.0
+PARALLEL_SCRAPES = 16
 
 
 def in_flight(text: str) -> float:
@@ -107,8 +109,11 @@ class IdleTracker:
         Only these pods are remembered: one that drains again later starts afresh."""
         since: dict[str, datetime.datetime] = {}
         out: dict[str, float] = {}
-        for pod in pods:
-            if not pod_idle(pod):
+        # At most one timeout's wait however many pods drain, not one per pod.
+        with ThreadPoolExecutor(min(len(pods), PARALLEL_SCRAPES) or 1) as pool:
+            idle = list(pool.map(pod_idle, pods))
+        for pod, is_idle in zip(pods, idle):
+            if not is_idle:
                 continue
             uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
             since[uid] = self._since.get(uid, now)
