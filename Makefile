@@ -33,11 +33,14 @@ cluster-bins:
 	@tools/build-epp.sh --upstream >/dev/null
 	@tools/build-prometheus.sh >/dev/null
 
-# Only what the demo runs: the control plane without helm (Go, CPU-bound) built side by side
-# with the engine environment (mostly downloads); each step logs how long it took.
-demo-deps: operator-env
+# Only what the demo runs, built side by side: the control plane without helm (Go, CPU-bound,
+# the longest), the engine environment and the operator's (mostly downloads); each step logs
+# how long it took.
+demo-deps:
 	@tools/build-control-plane.sh --without-helm >/dev/null & build=$$!; \
-	  tools/engine-env.sh >/dev/null; engines=$$?; wait $$build && exit $$engines
+	  tools/python-env.sh operator >/dev/null & operator=$$!; \
+	  tools/engine-env.sh >/dev/null; rc=$$?; wait $$operator || rc=1; wait $$build || rc=1; \
+	  exit $$rc
 
 demo: demo-deps
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh --without-helm) $(OPERATOR_PY) -m tests.cluster.demo
