@@ -83,7 +83,7 @@ def test_the_walker_sees_a_cycle_and_resolves_relative_imports():
     assert cycles({"a": {"b"}, "b": set()}) == []
     known = modules()
     edges = imports("longctx_operator.controller.reconcile", known["longctx_operator.controller.reconcile"], known)
-    assert {"longctx_operator.controller.rollout", "longctx_operator.runtime.kube",
+    assert {"longctx_operator.controller.rollout", "longctx_operator.controller.cluster",
             "longctx_core.contract"} <= edges
 
 

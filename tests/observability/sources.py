@@ -125,7 +125,7 @@ def operator_metrics() -> dict[str, str]:
     """Families in the operator's prometheus_client registry (importing its metrics module)."""
     from prometheus_client import REGISTRY
 
-    import longctx_operator.runtime.metrics  # noqa: F401  registers the families
+    import longctx_operator.metrics  # noqa: F401  registers the families
 
     return {fam.name: fam.type for fam in REGISTRY.collect() if fam.name.startswith("longctx_")}
 

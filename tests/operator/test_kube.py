@@ -18,7 +18,7 @@ import pytest
 import urllib3
 
 from longctx_core.contract import FIELD_MANAGER
-from longctx_operator.runtime import metrics
+from longctx_operator import metrics
 from longctx_operator.runtime.kube import Kube, KubeError
 
 STS = "/apis/apps/v1/namespaces/llm/statefulsets/glm-decode"

@@ -14,7 +14,7 @@ from longctx_core.sizing.roles import ServingPlan
 from longctx_operator.controller import rollout
 from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.engine_load import IdleTracker
-from longctx_operator.runtime.kube import Kube
+from longctx_operator.controller.cluster import Cluster
 
 # One per CR (namespace, name): since when each of its draining pods has been idle.
 _TRACKERS: dict[tuple[str, str], IdleTracker] = {}
@@ -37,7 +37,7 @@ def look(cr: dict[str, Any], revisions: dict[str, rollout.Revision], desired: st
     return _TRACKERS.setdefault(key, IdleTracker()).look(pods, now)
 
 
-def drain_scale_down(kube: Kube, cr: dict[str, Any], plan: ServingPlan, drain: float,
+def drain_scale_down(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, drain: float,
                      revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
                      idle: dict[str, float]) -> tuple[list[tuple[str, str, str]],
                                                       Optional[float]]:

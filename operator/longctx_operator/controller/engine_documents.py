@@ -13,7 +13,7 @@ from longctx_core.vllm_config.recipes import EngineCommand, launch_document
 from longctx_core.sizing.roles import ServingPlan
 from longctx_core.sizing.rules import RecipeError
 
-from longctx_operator.runtime.kube import Kube
+from longctx_operator.controller.cluster import Cluster
 
 
 def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
@@ -28,7 +28,7 @@ def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
                           + "; ".join(mismatches))
 
 
-def check_in_place_pair(kube: Kube, cr: dict[str, Any], plan: ServingPlan) -> None:
+def check_in_place_pair(kube: Cluster, cr: dict[str, Any], plan: ServingPlan) -> None:
     """An in-place roll restarts only the role whose launch document changed: its new
     engines pair with the other role's running ones, which run the live documents."""
     meta = cr["metadata"]

@@ -28,13 +28,13 @@ from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan
 
 from longctx_operator.controller import data_path, drain, rollout
-from longctx_operator.runtime import metrics
+from longctx_operator import metrics
 from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
 from longctx_operator.controller.replacement import Replacement, cordoned, plan_for_revision
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
-from longctx_operator.runtime.kube import Kube, KubeError
+from longctx_operator.controller.cluster import Cluster, KubeError
 from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _label(obj: dict[str, Any]) -> str:
     return "/".join(_key(obj))
 
 
-def _node_memory(kube: Kube, fresh: bool = False) -> list[NodeMemory] | None:
+def _node_memory(kube: Cluster, fresh: bool = False) -> list[NodeMemory] | None:
     """The nodes' allocatable memory and labels for the planner; None when they cannot be
     listed. `fresh`: listed now (a topology domain is judged by labels just applied)."""
     nodes = kube.nodes(max_age=0) if fresh else kube.nodes()
@@ -83,7 +83,7 @@ def _node_memory(kube: Kube, fresh: bool = False) -> list[NodeMemory] | None:
     return [n for n in map(NodeMemory.from_manifest, nodes) if n is not None]
 
 
-def reconcile(kube: Kube, cr: dict[str, Any]) -> Outcome:
+def reconcile(kube: Cluster, cr: dict[str, Any]) -> Outcome:
     started = time.monotonic()
     outcome = Outcome()
     try:
@@ -97,7 +97,7 @@ def reconcile(kube: Kube, cr: dict[str, Any]) -> Outcome:
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
 
-def _reconcile(kube: Kube, cr: dict[str, Any], outcome: Outcome) -> None:
+def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     meta = cr["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     previous = cr.get("status") or {}
@@ -223,20 +223,20 @@ def _policy(plan: ServingPlan) -> rollout.Policy:
                                    f"= {budget} s")
 
 
-def _revisions(kube: Kube, name: str, namespace: str) -> dict[str, rollout.Revision]:
+def _revisions(kube: Cluster, name: str, namespace: str) -> dict[str, rollout.Revision]:
     selector = contract.selector_labels(name)
     return rollout.group_revisions(kube.list("apps/v1", "StatefulSet", namespace, selector),
                                    kube.list("v1", "Pod", namespace, selector))
 
 
-def _serving_revision(kube: Kube, cr: dict[str, Any], router: Router,
+def _serving_revision(kube: Cluster, cr: dict[str, Any], router: Router,
                       previous: dict[str, Any]) -> Optional[str]:
     """The revision that serves: the one the router sends requests to (one write switches
     it, so it is the truth), else the one the status last recorded."""
     return router.serving_revision(kube, cr) or previous.get("revision")
 
 
-def _gpu_shortage(kube: Kube, plan: ServingPlan, revisions: dict[str, rollout.Revision]
+def _gpu_shortage(kube: Cluster, plan: ServingPlan, revisions: dict[str, rollout.Revision]
                   ) -> Optional[str]:
     """How many GPUs the new revision still needs on the nodes its placement selects, and
     how many are free there (None when nodes or pods cannot be read)."""
@@ -283,7 +283,7 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
         _ZERO_SINCE[key] = now
 
 
-def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
+def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
                     policy: rollout.Policy, revisions: dict[str, rollout.Revision],
                     outcome: Outcome, previous: dict[str, Any], idle: dict[str, float],
                     drained_nodes: set[str]) -> None:
@@ -358,7 +358,7 @@ def _apply_children(kube: Kube, cr: dict[str, Any], plan: ServingPlan, step: rol
         metrics.MANAGED_OBJECTS.labels(kind=kind).set(sum(o["kind"] == kind for o in desired))
 
 
-def _observe(kube: Kube, cr: dict[str, Any], router: Router | None,
+def _observe(kube: Cluster, cr: dict[str, Any], router: Router | None,
              serving: rollout.Revision | None) -> Observed:
     """The serving revision's StatefulSets and pods, and the router's readiness."""
     return Observed(statefulsets=dict(serving.statefulsets) if serving else {},

@@ -17,7 +17,7 @@ from longctx_core.sizing.roles import RolePlan, ServingPlan
 from longctx_operator.controller.builders import picker, vllm_router
 from longctx_operator.controller.builders.router import (llmd_objects, pod_annotations,
                                                          routing_sidecar)
-from longctx_operator.runtime.kube import Kube
+from longctx_operator.controller.cluster import Cluster
 
 Status = tuple[bool, str, str]   # RouterReady: (ready, reason, message)
 
@@ -40,27 +40,27 @@ class Router:
         """The Deployment that runs it (its readiness is the RouterReady condition)."""
         return None
 
-    def serving_revision(self, kube: Kube, cr: dict[str, Any]) -> Optional[str]:
+    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
         """The revision it sends requests to, as the cluster shows it (None: none yet)."""
         return None
 
-    def selects_only(self, kube: Kube, cr: dict[str, Any], revision: str) -> bool:
+    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
         """Whether every one of its pods sends requests to `revision` only."""
         return True
 
-    def leave_out(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+    def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                   pods: list[str]) -> bool:
         """Makes its `desired` objects send nothing new to `pods`, whose serving label a
         scale-down turns off; whether its running pods already do."""
         return True
 
-    def move_off(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+    def move_off(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                  cordoned: set[str]) -> list[str]:
         """Makes its `desired` objects move its pods off the `cordoned` nodes (a drain);
         the nodes it starts to move off (not those a move already under way leaves)."""
         return []
 
-    def status(self, kube: Kube, cr: dict[str, Any]) -> Optional[Status]:
+    def status(self, kube: Cluster, cr: dict[str, Any]) -> Optional[Status]:
         name = self.deployment(cr["metadata"]["name"])
         if name is None:
             return None
@@ -102,17 +102,17 @@ class LlmD(Router):
 
     # The picker drops a pod as soon as its serving label turns off: leave_out is True.
 
-    def _pool_revision(self, kube: Kube, cr: dict[str, Any]) -> Optional[str]:
+    def _pool_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
         meta = cr["metadata"]
         pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
                         meta["namespace"], contract.inference_pool(meta["name"]))
         return (((pool or {}).get("spec") or {}).get("selector") or {}).get(
             "matchLabels", {}).get(contract.PAIRING_LABEL)
 
-    def serving_revision(self, kube: Kube, cr: dict[str, Any]) -> Optional[str]:
+    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
         return self._pool_revision(kube, cr)
 
-    def selects_only(self, kube: Kube, cr: dict[str, Any], revision: str) -> bool:
+    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
         # The picker follows the pool's selector at once.
         return self._pool_revision(kube, cr) == revision
 
@@ -141,20 +141,20 @@ class VllmRouter(Router):
     def deployment(self, cr_name: str) -> Optional[str]:
         return contract.vllm_router(cr_name)
 
-    def _live(self, kube: Kube, cr: dict[str, Any]) -> Optional[dict[str, Any]]:
+    def _live(self, kube: Cluster, cr: dict[str, Any]) -> Optional[dict[str, Any]]:
         meta = cr["metadata"]
         return kube.get("apps/v1", "Deployment", meta["namespace"],
                         contract.vllm_router(meta["name"]))
 
-    def serving_revision(self, kube: Kube, cr: dict[str, Any]) -> Optional[str]:
+    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
         return vllm_router.serving_revision(self._live(kube, cr))
 
-    def selects_only(self, kube: Kube, cr: dict[str, Any], revision: str) -> bool:
+    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
         desired = {"spec": {"template": {"metadata": {"labels": {
             contract.PAIRING_LABEL: revision}}}}}
         return vllm_router.rolled_out(desired, self._live(kube, cr))
 
-    def leave_out(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+    def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                   pods: list[str]) -> bool:
         # Its discovery may keep a pod whose labels stop matching: the router rolls to a
         # pod that never discovers them (builders/vllm_router.py).
@@ -165,7 +165,7 @@ class VllmRouter(Router):
         return vllm_router.rolled_out(deployment, kube.get(
             "apps/v1", "Deployment", cr["metadata"]["namespace"], name))
 
-    def move_off(self, kube: Kube, cr: dict[str, Any], desired: list[dict[str, Any]],
+    def move_off(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                  cordoned: set[str]) -> list[str]:
         if not cordoned:
             return []

@@ -81,7 +81,7 @@ class EngineWatch(threading.Thread):
             os.environ.get(PERIOD_ENV, DEFAULT_PERIOD_SECONDS))
         self.stopping = threading.Event()
         self._last: dict[str, dict[str, float]] = {}   # by pod uid and restart count
-        self._started = datetime.datetime.now(datetime.timezone.utc)
+        self._watching_since = datetime.datetime.now(datetime.timezone.utc)
 
     def run(self) -> None:
         with ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="engine-read") as pool:
@@ -104,7 +104,7 @@ class EngineWatch(threading.Thread):
                 continue
             key = _instance_key(pod)
             before = self._last.get(key)
-            if before is None and _engine_started(pod) > self._started:
+            if before is None and _engine_started(pod) > self._watching_since:
                 before = {}
             current[key] = counters
             if before is None:

@@ -19,17 +19,14 @@ from kubernetes.client.exceptions import ApiException
 
 from longctx_core.contract import FIELD_MANAGER, KIND_BY_NAME, Kind
 
-from longctx_operator.runtime import metrics
+from longctx_operator import metrics
+from longctx_operator.controller.cluster import KubeError  # noqa: F401  (raised here)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 CONNECTIONS = 64   # more than the watch caches' streams plus the concurrent requests
 WRITERS = 16       # applies in flight at once, over all reconciles
-
-
-class KubeError(RuntimeError):
-    """An API call failed for good; the message names the object and the API's reason."""
 
 
 # The watch caches as this client uses them (cache.Store and cache.Caches). Described here

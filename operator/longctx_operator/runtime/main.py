@@ -22,7 +22,7 @@ import kopf
 from longctx_core import contract
 
 from longctx_operator.controller import engine_load, rollout
-from longctx_operator.runtime import metrics
+from longctx_operator import metrics
 from longctx_operator.runtime.cache import RELIST_BACKOFF_CAP, Caches
 from longctx_operator.runtime.engine_watch import EngineWatch
 from longctx_operator.runtime.kube import Kube, KubeError
