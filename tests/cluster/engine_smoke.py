@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         external = metric(lines, r'prompt_tokens_by_source_total\{.*source="external_kv_transfer"')
         local = metric(lines, r'prompt_tokens_by_source_total\{.*source="local_compute"')
         failed = metric(lines, r"nixl_num_failed_transfers_total")
-        ok = external == usage["prompt_tokens"] and local == 0 and not failed
+        ok = external == usage["prompt_tokens"] and local == 0 and failed == 0  # None: absent
         print(f"[smoke] {'PASS' if ok else 'FAIL'}: external_kv_transfer={external} "
               f"local_compute={local} prompt_tokens={usage['prompt_tokens']} "
               f"nixl_failed={failed}; engines {t_engines:.1f} s, request {t_request:.2f} s, "
