@@ -1,0 +1,159 @@
+"""The reconcile against an in-memory cluster (fake_cluster.py), in milliseconds: what it
+writes, the rollout's steps, a drain, a node drain and the data-path report. The real
+control plane proves the same in tests/cluster/."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longctx_core import contract
+from longctx_operator.controller import data_path
+from longctx_operator.controller.builders import vllm_router
+from longctx_operator.controller import reconcile as reconcile_module
+from longctx_operator.controller.reconcile import reconcile
+from tests.operator.fake_cluster import FakeCluster
+
+REPO = Path(__file__).resolve().parents[2]
+NS, NAME = "ml", "tiny"
+
+
+@pytest.fixture(autouse=True)
+def no_scrapes(monkeypatch):
+    # The fake pods' addresses are never read: a Ready pod that cannot be read is busy.
+    monkeypatch.setenv("LONGCTX_ENGINE_METRICS_NETWORKS", "127.0.0.1/32")
+    data_path.RECORDED.forget((NS, NAME))
+
+
+def node(name: str, cordoned: bool = False) -> dict:
+    return {"metadata": {"name": name, "labels": {}},
+            "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"allocatable": {"memory": "2Ti", "cpu": "64"}}}
+
+
+def deploy(fake: FakeCluster, **spec) -> dict:
+    cr = yaml.safe_load((REPO / "examples" / "tiny-mla-cpu.yaml").read_text())
+    cr["metadata"] = {"name": NAME, "namespace": NS, "uid": "cr-uid", "generation": 1}
+    cr["spec"]["rollout"] = {"drainSeconds": 0}
+    cr["spec"].update(spec)
+    fake.objects[(contract.KIND, NS, NAME)] = cr
+    return cr
+
+
+def edit(fake: FakeCluster, change) -> None:
+    cr = fake.objects[(contract.KIND, NS, NAME)]
+    change(cr["spec"])
+    cr["metadata"]["generation"] += 1
+
+
+def run(fake: FakeCluster):
+    return reconcile(fake, copy.deepcopy(fake.objects[(contract.KIND, NS, NAME)]))
+
+
+def status(fake: FakeCluster) -> dict:
+    return fake.objects[(contract.KIND, NS, NAME)].get("status") or {}
+
+
+def revisions(fake: FakeCluster) -> set[str]:
+    return {o["metadata"]["labels"][contract.PAIRING_LABEL]
+            for (kind, _, _), o in fake.objects.items() if kind == "StatefulSet"}
+
+
+def router_revision(fake: FakeCluster) -> str:
+    dep = fake.objects[("Deployment", NS, contract.vllm_router(NAME))]
+    return dep["spec"]["template"]["metadata"]["labels"][contract.PAIRING_LABEL]
+
+
+def reasons(outcome) -> list[str]:
+    return [reason for _, reason, _ in outcome.events]
+
+
+def steady(fake: FakeCluster) -> str:
+    """Ready pods, reconciled until nothing rolls; the serving revision."""
+    for _ in range(4):
+        fake.ready()
+        run(fake)
+    assert status(fake)["phase"] == "Ready", status(fake)
+    return status(fake)["revision"]
+
+
+def test_a_new_cr_creates_one_revision_and_turns_ready():
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    first = run(fake)
+    assert "Created" in reasons(first) and status(fake)["phase"] == "Progressing"
+    (revision,) = revisions(fake)
+    assert router_revision(fake) == revision
+    assert steady(fake) == revision
+    # A reconcile with nothing new writes nothing.
+    fake.writes.clear()
+    assert not run(fake).applied and fake.writes == []
+
+
+def test_a_single_pod_edit_is_replaced_beside_then_switched_then_removed(monkeypatch):
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    old = steady(fake)
+    old_pods = {k for k in fake.objects if k[0] == "Pod"}
+    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
+        decode=["--max-num-seqs", "3"]))
+    out = run(fake)
+    (new,) = revisions(fake) - {old}
+    message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
+    assert "decode has one pod (spec.decode.replicas = 1)" in message
+    assert router_revision(fake) == old and old_pods <= set(fake.objects)   # old serves
+    assert status(fake)["rollout"]["phase"] == "Progressing"
+    fake.ready()
+    switched = run(fake)
+    assert "RolloutSwitched" in reasons(switched) and router_revision(fake) == new
+    # The router has not rolled out its new template yet: the old revision stays.
+    assert revisions(fake) == {old, new}
+    fake.ready()
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
+    monkeypatch.setattr(reconcile_module, "_utcnow", lambda: later)   # the window is over
+    drained = run(fake)
+    assert "RolloutDrained" in reasons(drained) and revisions(fake) == {new}
+    assert status(fake)["revision"] == new
+
+
+def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
+    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
+    deploy(fake)
+    old = steady(fake)
+    fake.objects[("Pod", NS, "tiny-router-x")] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tiny-router-x", "namespace": NS,
+                     "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
+        "spec": {"nodeName": "node-a"}, "status": {}}
+    fake._nodes = [node("node-a", cordoned=True), node("node-b")]
+    out = run(fake)
+    assert len(revisions(fake) - {old}) == 1
+    events = dict((r, m) for _, r, m in out.events)
+    assert "on node node-a, which is being drained" in events["RolloutStarted"]
+    assert "node-a" in events["RouterMoving"]
+    dep = fake.objects[("Deployment", NS, contract.vllm_router(NAME))]
+    assert dep["spec"]["template"]["metadata"]["annotations"][
+        vllm_router.LEAVING_NODES_ANNOTATION] == "node-a"
+    pdbs = [o for (k, _, _), o in fake.objects.items() if k == "PodDisruptionBudget"]
+    assert pdbs and all(p["spec"]["maxUnavailable"] == 0 for p in pdbs)
+
+
+def test_an_engine_that_died_is_reported_once():
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    revision = steady(fake)
+    pod = fake.objects[("Pod", NS, f"{contract.statefulset(NAME, 'decode', revision)}-0")]
+    finished = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pod["status"]["containerStatuses"] = [{"name": "engine", "restartCount": 1, "lastState": {
+        "terminated": {"reason": "Error", "exitCode": 137, "finishedAt": finished}}}]
+    out = run(fake)
+    (message,) = [m for _, r, m in out.events if r == "EngineRestarted"]
+    assert pod["metadata"]["name"] in message and "finish_reason" in message
+    condition = next(c for c in status(fake)["conditions"] if c["type"] == "DataPathHealthy")
+    assert condition["status"] == "False" and condition["reason"] == "EngineRestarted"
+    assert out.wake_after is not None        # looked at again when the condition clears
+    assert "EngineRestarted" not in reasons(run(fake))
