@@ -22,8 +22,10 @@ from longctx_operator.manifests import ManifestDumper, read_manifest
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from longctx_core.sizing import hardware, performance
-    from longctx_core.sizing.plan_report import (render_compare, render_performance,
-                                            render_performance_line, render_table)
+    from longctx_core.sizing.decider import disaggregation_report
+    from longctx_core.sizing.plan_report import (render_compare, render_disaggregation,
+                                                 render_performance, render_performance_line,
+                                                 render_table)
     from longctx_core.sizing.planner import plan
 
     cr = read_manifest(args.file)
@@ -51,8 +53,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        decision = disaggregation_report(spec)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.output == "json":
-        out = {**capacity.to_json(), "performance": perf}
+        out = {**capacity.to_json(), "performance": perf, "disaggregation": decision}
         if rows is not None:
             out["compare"] = rows
         print(json.dumps(out, indent=2, allow_nan=False))
@@ -60,6 +67,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         text = render_table(capacity)
         text += render_performance_line(perf) if workload is None else \
             "\n" + render_performance(perf)
+        text += render_disaggregation(decision, spec.router.type)
         if rows is not None:
             text += "\n" + render_compare(rows)
         print(text)

@@ -44,6 +44,9 @@ PLUGIN_PARAMETERS: dict[str, Any] = {
                             "prefixMatchInfoProducerName": str},
     "queue-scorer": {},
     "kv-cache-utilization-scorer": {},
+    # pkg/epp/framework/plugins/scheduling/scorer/nohitlru/no_hit_lru.go
+    "no-hit-lru-scorer": {"lruSize": int, "prefixMatchInfoProducerName": str,
+                          "prefixPluginType": str, "prefixPluginName": str},
     "prefill-filter": {},
     "decode-filter": {},
     "max-score-picker": {"maxNumOfEndpoints": int},
@@ -107,8 +110,9 @@ def validate_picker_config(cfg: dict[str, Any]) -> None:
     assert params.get("stageOrder", "decode-first") == "decode-first"
 
 
-def test_picker_config_is_strictly_valid_for_both_deciders():
-    for patch in ({"router": {"disaggregation": {"decider": "always"}}},
+def test_picker_config_is_strictly_valid_for_every_decider():
+    for patch in ({"router": {"disaggregation": {"decider": "auto"}}},
+                  {"router": {"disaggregation": {"decider": "always"}}},
                   {"router": {"disaggregation": {"decider": "prefix-based",
                                                  "nonCachedTokens": 512, "promptTokens": 2048}}}):
         _, spec = make_cr(patch)
@@ -150,9 +154,12 @@ def test_picker_config_content_follows_the_spec():
     assert plugins["disagg-profile-handler"]["parameters"] == {
         "deciders": {"prefill": "prefix-based-pd-decider"}}
     for required in ("prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer",
-                     "prefill-filter", "decode-filter", "max-score-picker"):
+                     "no-hit-lru-scorer", "prefill-filter", "decode-filter", "max-score-picker"):
         assert required in plugins
     profiles = {p["name"]: [r["pluginRef"] for r in p["plugins"]] for p in cfg["schedulingProfiles"]}
+    # New sessions spread over both roles' endpoints; later turns follow their prefix.
+    assert all("no-hit-lru-scorer" in refs and "prefix-cache-scorer" in refs
+               for refs in profiles.values())
     assert profiles["prefill"][0] == "prefill-filter" and profiles["decode"][0] == "decode-filter"
     assert "prefill-filter" not in profiles["decode"] and "decode-filter" not in profiles["prefill"]
 

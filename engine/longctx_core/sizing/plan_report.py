@@ -206,3 +206,26 @@ def render_compare(rows: list[dict[str, Any]]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("(- : the layout cannot hold the prompt; x: ratio against this spec)")
     return "\n".join(lines) + "\n"
+
+
+
+def _decider_text(decider: str, non_cached: int) -> str:
+    if decider == "always-disagg-pd-decider":
+        return "every request through prefill"
+    if non_cached == 0:
+        return "no request through prefill (nonCachedTokens 0)"
+    return f"through prefill from {non_cached:,} uncached tokens (nonCachedTokens)"
+
+
+def render_disaggregation(report: dict[str, Any], router_type: str) -> str:
+    """The P/D decider threshold `auto` derives (decider.py), why, and what is rendered."""
+    text = (f"Disaggregation threshold (auto, {report['pricedBy']}): "
+            f"{_decider_text(report['decider'], report['nonCachedTokens'])}; {report['reason']}")
+    rendered = report["rendered"]
+    if router_type != "llm-d":
+        text += (f". {router_type} has no decider: it sends every request through prefill, "
+                 "and this threshold is what llm-d's picker would get")
+    elif report["specDecider"] != "auto":
+        text += (f". The spec sets decider {report['specDecider']}: the picker gets "
+                 f"{_decider_text(rendered['decider'], rendered['nonCachedTokens'])}")
+    return "\n".join(textwrap.wrap(text, width=100, subsequent_indent="  ")) + "\n"
