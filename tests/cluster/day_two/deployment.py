@@ -29,7 +29,9 @@ READY_TIMEOUT = 600
 
 def base_cr() -> dict[str, Any]:
     # Both prefill engines on core 0, decode on core 1 (cpu_cr's threadsBind).
-    cr = cpu_cr(NAME, model="dense", prefill={"replicas": 2},
+    # The tiny models' 4,096 positions: test_prefix_reuse.py times new turns of up to 3,072
+    # tokens on a 512-token prefix.
+    cr = cpu_cr(NAME, model="dense", prefill={"replicas": 2}, maxContextTokens=4096,
                 rollout={"drainSeconds": DRAIN_SECONDS})
     cr["spec"]["model"]["servedName"] = MODEL
     return cr

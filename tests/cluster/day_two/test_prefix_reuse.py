@@ -14,6 +14,10 @@ turns so that only a session's own history is reusable:
 
 The prefill engines' own prefix-cache counters give each turn's hit rate. Bounded: 36 chat
 requests (72 engine legs), each at most 300 s.
+
+Then four sessions arriving together through vllm-router (their first turns at once, two
+later turns each one at a time; 12 chat requests): do they spread over both prefill pods and
+stay where their prefix is?
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -31,9 +36,9 @@ from longctx_operator.controller.builders import picker
 from tests.cluster import ext_proc
 from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
 from tests.cluster.real_engines import http_json
-from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Turn, block_tokens, disaggregated,
-                                    hit_rates_by_turn, later_turns_rate, random_routing,
-                                    run_sessions)
+from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Session, Turn, block_tokens,
+                                    disaggregated, hit_rates_by_turn, later_turns_rate,
+                                    prefix_counters, random_routing, run_sessions)
 from tests.conftest import SESSION_DIR, wait_for
 from tests.figures import Figures
 
@@ -78,6 +83,19 @@ def _scraped_both(log: str, prefill_pods: set[str], block: int) -> bool:
         dumps[-1].count(f"CacheBlockSize:{block}") >= len(prefill_pods)
 
 
+def via_router(router_url: str, body: dict) -> dict:
+    # vllm-router answers 503 while a starved worker's health check has timed out; such a
+    # request reached no engine, so sending it again leaves the counters as they were.
+    for _ in range(ROUTER_503_RETRIES):
+        try:
+            return http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            time.sleep(5)
+    return http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def measured(deployment, cluster):
     """Per routing, every turn of every session; and the picker's log."""
@@ -102,18 +120,7 @@ def measured(deployment, cluster):
                                  + deployment.real.pod_logs(deployment.namespace)) from exc
         _record(name, results[name], time.monotonic() - started)
 
-    def via_router(body: dict) -> dict:
-        # vllm-router answers 503 while a starved worker's health check has timed out; such a
-        # request reached no engine, so sending it again leaves the counters as they were.
-        for _ in range(ROUTER_503_RETRIES):
-            try:
-                return http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT)
-            except urllib.error.HTTPError as exc:
-                if exc.code != 503:
-                    raise
-                time.sleep(5)
-        return http_json(f"{router_url}{CHAT_PATH}", body, REQUEST_TIMEOUT)
-    run(ROUTINGS[0], via_router, 0)
+    run(ROUTINGS[0], lambda body: via_router(router_url, body), 0)
 
     cluster.kubectl("apply", "-f", "-", input=_picker_objects(deployment))
     workdir = SESSION_DIR / "prefix-reuse"
@@ -217,3 +224,53 @@ def test_the_measured_router_is_the_one_the_operator_rendered(deployment):
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--policy") + 1] == "cache_aware"
     assert "--prefill-policy" not in args and "--decode-policy" not in args
+
+
+# ---------------------------------------------------------------- sessions that arrive together
+
+
+@pytest.fixture(scope="module")
+def arriving_together(deployment):
+    """Agents' sessions start at once: the first turns of four new sessions sent together
+    through vllm-router, then two later turns of each, one request at a time. Per later turn,
+    the prefill pod whose counters moved and its hits."""
+    deployment.settle()
+    prefills = deployment.urls("prefill")
+    router_url = deployment.router()
+    sessions = [Session(seed) for seed in (400, 410, 420, 430)]
+    for session in sessions:
+        session.ask(1)
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        answers = list(pool.map(lambda s: via_router(router_url, s.body(deployment.model)),
+                                sessions))
+    first = [a["usage"]["prompt_tokens"] for a in answers]
+    for session, answer in zip(sessions, answers):
+        session.messages.append({"role": "assistant",
+                                 "content": answer["choices"][0]["message"]["content"]})
+    placed: dict[int, list[tuple[str, float]]] = {i: [] for i in range(len(sessions))}
+    for turn in (2, 3):
+        for i, session in enumerate(sessions):
+            session.ask(turn)
+            before = {pod: prefix_counters(url) for pod, url in prefills.items()}
+            answer = via_router(router_url, session.body(deployment.model))
+            moved = {pod: (after[0] - before[pod][0], after[1] - before[pod][1])
+                     for pod, after in ((p, prefix_counters(u)) for p, u in prefills.items())}
+            ((pod, (_, hits)),) = [(p, d) for p, d in moved.items() if d[0]]
+            placed[i].append((pod, hits))
+            session.messages.append({"role": "assistant",
+                                     "content": answer["choices"][0]["message"]["content"]})
+    (decode,) = deployment.urls("decode").values()
+    return placed, first, block_tokens(decode)
+
+
+def test_sessions_arriving_together_spread_over_both_pods_and_stay(arriving_together):
+    """vllm-router's cache_aware sends a request no worker holds a prefix of to the least
+    loaded one: sessions that start together land on both prefill pods, and each later turn
+    goes where its session's prefix is (its second turn hits all of its first turn's whole
+    blocks there)."""
+    placed, first, block = arriving_together
+    pods = {turns[0][0] for turns in placed.values()}
+    assert len(pods) == 2, f"every session on one prefill pod: {placed}"
+    for i, turns in placed.items():
+        assert len({pod for pod, _ in turns}) == 1, f"session {i} moved: {turns}"
+        assert turns[0][1] == first[i] // block * block > 0, (i, turns, first[i])
