@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     samples.SAMPLES = args.out
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, interrupt)
-    signal.alarm(int(args.deadline))
     signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(int(args.deadline))
 
     venv = Path(subprocess.check_output([str(REPO / "tools/engine-env.sh")],
                                         text=True).strip().splitlines()[-1])
@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         log("failed", error=repr(exc)[:2000])
         return 1
     finally:
+        signal.alarm(0)
         procs.stop()
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "run.json").write_text(json.dumps({

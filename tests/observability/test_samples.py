@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import json
 import threading
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -77,3 +79,21 @@ def test_input_series_keep_absent_series_absent_and_mark_them_stale():
         'new{pod="glm-decode-0",x="2"}': "_x3 _x2 0.5x1"}
     no_gap = samples.input_series(before, after, {}, 1, 0, 1)
     assert {s["series"]: s["values"] for s in no_gap}['gone{x="1"}'] == "5x0 stale"
+
+
+def test_the_doc_quotes_the_recorded_run():
+    """docs/observability.md's fault table gives the client figures of samples/run.json."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    table = doc.split("## Data-path faults: what the alerts mean", 1)[1].split("\n## ", 1)[0]
+    steps = {s["step"]: s.get("client", {})
+             for s in json.loads((samples.SAMPLES / "run.json").read_text())["steps"]}
+    killed = steps["decode-killed"]
+    assert not killed["chunked_terminator_received"] and not killed["error_events"]
+    expected = [
+        f"no token, {steps['prefill-lost']['seconds']} s",
+        f"no token, after {steps['side-channel-unreachable']['seconds']} s",
+        f"{killed['content_chunks']} content chunks, then the router closed the connection "
+        f"{killed['client_s_after_kill']} s after the kill",
+    ]
+    missing = [text for text in expected if text not in table]
+    assert not missing, f"docs/observability.md does not quote samples/run.json: {missing}"
