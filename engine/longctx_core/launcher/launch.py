@@ -20,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
+from longctx_core.contract import NIXL_SIDE_CHANNEL_PORT
+
 # The document's format; a launcher runs exactly the formats it knows.
 FORMAT_VERSION = 1
 SUPPORTED_FORMATS = (FORMAT_VERSION,)
@@ -52,7 +54,7 @@ class LaunchDocument:
     vllm_version: str
     ranks_per_pod: int = 1
     pods_per_group: int = 1
-    nixl_base_port: int = 5600
+    nixl_base_port: int = NIXL_SIDE_CHANNEL_PORT
     requirements: list[Requirement] = field(default_factory=list)
     preflight: bool = False
     # A PVC model whose name is not a path: <workdir>/<name> -> the mount, vLLM runs there,
