@@ -76,7 +76,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> int:
     from longctx_core.sizing.plan_report import render_table
-    from longctx_core.launcher.quantity import parse_bytes
+    from longctx_core.quantity import parse_bytes
     from longctx_core.sizing.suggest import suggest
 
     try:

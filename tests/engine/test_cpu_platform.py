@@ -12,7 +12,7 @@ from longctx_core import contract
 from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import load_spec
 from longctx_core.sizing.planner import plan
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.sizing.roles import serving_plan
 from longctx_core.sizing.rules import problems
 from longctx_core.vllm_config.recipes import launch_document

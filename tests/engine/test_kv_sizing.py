@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from longctx_core.api import model_types as api_model
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.sizing import kv_sizing
 from longctx_core.sizing.layout import Layout
 from tests.engine.planner_support import GLM, K, ONE_M

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from longctx_core.api import role_types as api_roles, schema
-from longctx_core.launcher import quantity
+from longctx_core import quantity
 from longctx_core.sizing import kv_sizing, memory, models, planner
 from longctx_core.vllm_config.identity import PodIdentity
 from longctx_core.sizing.roles import serving_plan

@@ -6,7 +6,7 @@ import pytest
 
 from longctx_core.api import model_types as api_model, spec as api
 from longctx_core.sizing import models
-from longctx_core.launcher.quantity import GiB, parse_bytes
+from longctx_core.quantity import GiB, parse_bytes
 
 
 @pytest.mark.parametrize("name, layers, mtp, heads, index_layers, index_heads", [

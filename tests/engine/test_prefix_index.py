@@ -15,7 +15,7 @@ from longctx_core.sizing import kv_sizing, models, planner
 from longctx_core.sizing.layout import Layout
 from longctx_core.sizing.prefix_index import (derived_lru_capacity, gpu_tokens_per_rank,
                                          prefix_index, rank_tokens)
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.api.schema import object_schema
 from tests.contract.variants import deep_merge
 

@@ -12,7 +12,7 @@ import pytest
 from longctx_core import contract
 from longctx_core.sizing import rules
 from longctx_core.vllm_config.identity import PodIdentity
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.sizing.roles import role_plan, serving_plan
 from longctx_core.sizing.rules import RecipeError
 from longctx_core.vllm_config.recipes import pod_command
@@ -293,7 +293,7 @@ def test_launcher_imports_no_planner_model_or_api():
     loaded = set(json.loads(r.stdout))
     assert loaded == {"longctx_core", "longctx_core.contract", "longctx_core.launcher", "longctx_core.launcher.entrypoint",
                       "longctx_core.launcher.launch", "longctx_core.launcher.precheck",
-                      "longctx_core.launcher.quantity"}, loaded
+                      "longctx_core.quantity"}, loaded
 
 
 def test_operator_package_imports_neither_vllm_nor_torch():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from longctx_core.api.spec import load_spec
-from longctx_core.launcher.quantity import parse_bytes
+from longctx_core.quantity import parse_bytes
 from longctx_core.sizing.roles import role_plan, serving_plan
 from longctx_operator.controller.builders.engine import (pod_monitor, revision_objects,
                                               shared_engine_objects)

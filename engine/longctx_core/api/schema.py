@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import celpy
 from celpy import celtypes
 
-from longctx_core.launcher.quantity import PATTERN as QUANTITY_PATTERN, PATTERN_OR_AUTO
+from longctx_core.quantity import PATTERN as QUANTITY_PATTERN, PATTERN_OR_AUTO
 
 _MISSING = dataclasses.MISSING
 

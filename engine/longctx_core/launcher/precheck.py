@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from longctx_core.launcher.launch import LaunchDocument, Requirement
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 
 SHM_PATH = "/dev/shm"
 MEMINFO_PATH = "/proc/meminfo"

@@ -8,7 +8,7 @@ on CPU, so a configuration is refused before any pod starts.
 from __future__ import annotations
 
 from longctx_core.api.spec import LongContextDeploymentSpec
-from longctx_core.launcher.quantity import GiB, MiB, parse_bytes
+from longctx_core.quantity import GiB, MiB, parse_bytes
 
 PLATFORM_FIELD = "spec.engine.platform"
 VLLM_VERSION = "0.32.0"

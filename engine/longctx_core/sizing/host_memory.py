@@ -11,7 +11,7 @@ from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.sizing.kv_sizing import hisparse_host_requests
 from longctx_core.sizing.layout import role_layout
 from longctx_core.sizing.memory import hisparse_enabled, hisparse_pool_per_rank, pod_memory
-from longctx_core.launcher.quantity import AUTO, GiB, MiB, gib, parse_bytes
+from longctx_core.quantity import AUTO, GiB, MiB, gib, parse_bytes
 
 # GPU feature discovery's label: one GPU's memory in MiB.
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"

@@ -13,7 +13,7 @@ from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.api.model_types import Architecture
 from longctx_core.sizing.layout import Layout
 from longctx_core.sizing.memory import BLOCK_TOKENS, HISPARSE_SPARE_PAGES, hisparse_page_bytes
-from longctx_core.launcher.quantity import GiB, parse_bytes
+from longctx_core.quantity import GiB, parse_bytes
 
 INDEX_BYTES = 4             # int32 top-k index read with each selected KV row
 HISPARSE_MAX_DEVICE_BUFFER = 32768  # int16 hot-slot ids

@@ -8,7 +8,7 @@ from longctx_core.sizing import cpu_platform, models
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.api.model_types import Architecture
 from longctx_core.sizing.layout import Layout
-from longctx_core.launcher.quantity import AUTO, GiB, parse_bytes
+from longctx_core.quantity import AUTO, GiB, parse_bytes
 
 SHM_BASE_MARGIN = 4 * GiB        # NCCL SHM transport FIFOs, vLLM shm_broadcast rings, torch IPC
 SHM_MARGIN_PER_GPU = 1 * GiB

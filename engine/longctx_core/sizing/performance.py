@@ -26,7 +26,7 @@ from longctx_core.sizing.hardware import H200, HardwareProfile
 from longctx_core.sizing.memory import hisparse_pool_per_rank
 from longctx_core.sizing.phase_timing import (DCP_TERMS, acceptance_length, dcp_overhead, decode_step,
                            kv_transfer_seconds, prefill, without_dcp)
-from longctx_core.launcher.quantity import parse_bytes
+from longctx_core.quantity import parse_bytes
 from longctx_core.api.schema import Quantity
 
 # ------------------------------------------------------------ one prediction

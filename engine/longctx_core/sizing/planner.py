@@ -43,7 +43,7 @@ from longctx_core.sizing.kv_sizing import (HISPARSE_MAX_DEVICE_BUFFER, Budget, B
 from longctx_core.sizing.layout import Layout, role_layouts
 from longctx_core.sizing.memory import (BLOCK_TOKENS, HISPARSE_SPARE_PAGES, hisparse_min_pool_bytes,
                      hisparse_page_bytes, hisparse_pool_per_rank)
-from longctx_core.launcher.quantity import GiB, gib, parse_bytes
+from longctx_core.quantity import GiB, gib, parse_bytes
 
 
 def _ceil_gi(value: int) -> str:

@@ -20,7 +20,7 @@ from longctx_core.contract import ROLES
 from longctx_core.vllm_config.extra_args import extra_args_problems
 from longctx_core.sizing.layout import role_layout
 from longctx_core.sizing.memory import pod_memory
-from longctx_core.launcher.quantity import AUTO, parse_bytes
+from longctx_core.quantity import AUTO, parse_bytes
 from longctx_core.api.schema import APIObject, Rule
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from longctx_core.sizing import cpu_platform
 from longctx_core.launcher.launch import Requirement
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.sizing.roles import RolePlan
 
 

@@ -20,7 +20,7 @@ from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.vllm_config.host_requirements import host_requirements
 from longctx_core.vllm_config.identity import PodIdentity
 from longctx_core.launcher.launch import PLACEHOLDERS, LaunchDocument, fill
-from longctx_core.launcher.quantity import GiB
+from longctx_core.quantity import GiB
 from longctx_core.sizing.roles import RolePlan
 
 POD_IP, STATEFULSET, START_RANK, LEADER_ORDINAL, NIXL_PORT = PLACEHOLDERS

@@ -19,7 +19,7 @@ from longctx_core.api import spec as api
 from longctx_core.sizing import placement
 from longctx_core.sizing.host_memory import NodeMemory
 from longctx_core.sizing.planner import plan as plan_capacity
-from longctx_core.launcher.quantity import parse_bytes
+from longctx_core.quantity import parse_bytes
 from longctx_core.vllm_config.recipes import launch_document
 from longctx_core.sizing.roles import ServingPlan, serving_plan
 from longctx_core.sizing.rules import RecipeError

@@ -8,7 +8,7 @@ from typing import Any
 
 from longctx_core import contract
 from longctx_core.sizing import cpu_platform
-from longctx_core.launcher.quantity import format_bytes
+from longctx_core.quantity import format_bytes
 from longctx_core.sizing.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.digest import content_digest
