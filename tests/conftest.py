@@ -172,12 +172,13 @@ def running_operator() -> Iterator[Any]:
     """The operator, in-process (Kopf's runner), on the session's control plane."""
     from kopf.testing import KopfRunner
 
+    from tests.cluster.pod_network import POD_NETWORK
     from tests.cluster.processes import free_port
 
     settings_env = {"LONGCTX_WATCH_SERVER_TIMEOUT": "10",
                     "LONGCTX_METRICS_PORT": str(free_port()),  # served on 127.0.0.1
                     # Only the loopback pods' engines run; kwok's pod IPs are not local.
-                    "LONGCTX_ENGINE_METRICS_NETWORKS": "127.0.0.0/8"}
+                    "LONGCTX_ENGINE_METRICS_NETWORKS": str(POD_NETWORK)}
     os.environ.update(settings_env)
     try:
         with KopfRunner(["run", "--all-namespaces", "--standalone", "--verbose", "-m",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster.controlplane import REPO
+from tests.cluster.pod_network import POD_NETWORK
 from tests.cluster.processes import die_with_parent, free_port
 
 
@@ -28,7 +29,7 @@ class OperatorProcess:
                "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in
                                              ("engine", "operator", "kernels", ".")),
                # Only the loopback pods' engines run; kwok's pod IPs are not local.
-               "LONGCTX_ENGINE_METRICS_NETWORKS": "127.0.0.0/8",
+               "LONGCTX_ENGINE_METRICS_NETWORKS": str(POD_NETWORK),
                **self.env}
         env.pop("LONGCTX_METRICS_PORT", None)
         env.pop("KUBERNETES_SERVICE_HOST", None)   # inside a pod: not its in-cluster config

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import yaml
 
+from tests.cluster.pod_network import BRIDGE_IP
+
 
 def write_pki(pki: Path) -> None:
-    """A CA, a serving certificate for 127.0.0.1/localhost, and a service-account key pair."""
+    """A CA, a serving certificate for 127.0.0.1/localhost and the pod network's bridge, and
+    a service-account key pair."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -43,6 +46,7 @@ def write_pki(pki: Path) -> None:
                .add_extension(x509.SubjectAlternativeName([
                    x509.DNSName("localhost"), x509.DNSName("kubernetes.default.svc"),
                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                   x509.IPAddress(ipaddress.ip_address(BRIDGE_IP)),   # pods' API address
                    x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]), critical=False)
                .sign(ca_key, hashes.SHA256()))
     sa_key = key()

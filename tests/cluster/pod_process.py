@@ -1,9 +1,10 @@
 """The per-pod part of the loopback kubelet (tests/cluster/pod_runner.py): a pod's
 environment variables, its volumes on disk, its sandbox and container processes, probes.
 
-Each pod gets a sandbox process (the pause container's role) holding a private mount and
-UTS namespace: memory-backed emptyDirs are tmpfs mounts there, shared by every container
-of the pod. Each container enters it, unshares a mount namespace of its own, bind-mounts its
+Each pod gets a sandbox process (the pause container's role) holding a private mount, UTS
+and network namespace: memory-backed emptyDirs are tmpfs mounts there, shared by every
+container of the pod, and tests/cluster/pod_network.py gives the network namespace its
+`eth0`. Each container enters it, unshares a mount namespace of its own, bind-mounts its
 volumes at their mount paths and execs its command, so nothing is mounted on the host.
 """
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOOLS = {t: shutil.which(t, path=SYSTEM_PATH) or t
-         for t in ("unshare", "nsenter", "setpriv", "mount", "hostname", "sleep", "sh")}
+         for t in ("unshare", "nsenter", "setpriv", "mount", "hostname", "sleep", "sh", "bash",
+                   "mkdir", "dirname")}
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
            "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
@@ -288,7 +290,8 @@ def _spawn(argv: list[str], env: dict[str, str] | None, log: Path | None, cwd: s
 
 
 def start_sandbox(hostname: str, volumes: dict[str, Volume], log: Path) -> subprocess.Popen:
-    """The pod's pause process: its namespaces hold the pod's hostname and tmpfs volumes."""
+    """The pod's pause process: its namespaces hold the pod's hostname, tmpfs volumes and
+    network (empty until the harness attaches the pod's veth)."""
     script = [f"{TOOLS['hostname']} {shlex.quote(hostname)}"]
     for vol in volumes.values():
         if vol.tmpfs_bytes is not None:
@@ -296,11 +299,13 @@ def start_sandbox(hostname: str, volumes: dict[str, Volume], log: Path) -> subpr
             script.append(f"{TOOLS['mount']} -t tmpfs -o mode=1777{size} tmpfs "
                           f"{shlex.quote(str(vol.path))}")
     script.append(f"echo sandbox-ready; exec {TOOLS['sleep']} infinity")
-    proc = _spawn([TOOLS["unshare"], "--mount", "--uts", "--propagation", "private", "--",
-                   TOOLS["sh"], "-ec", "\n".join(script)], {"PATH": SYSTEM_PATH}, log)
+    offset = log.stat().st_size if log.exists() else 0   # a retried sandbox appends
+    proc = _spawn([TOOLS["unshare"], "--mount", "--uts", "--net", "--propagation", "private",
+                   "--", TOOLS["sh"], "-ec", "\n".join(script)], {"PATH": SYSTEM_PATH}, log)
     deadline = time.monotonic() + 10
-    while b"sandbox-ready" not in log.read_bytes():
+    while b"sandbox-ready" not in log.read_bytes()[offset:]:
         if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc, 0)
             raise PodSetupError("CreateContainerError", f"pod sandbox failed: "
                                 f"{log.read_text(errors='replace')[-500:]}")
         time.sleep(0.02)
@@ -308,27 +313,37 @@ def start_sandbox(hostname: str, volumes: dict[str, Volume], log: Path) -> subpr
 
 
 def mount_script(c: dict, volumes: dict[str, Volume]) -> list[str]:
-    """Bind mounts of the container's volumeMounts, parents before children; the mount
-    points are created on the host when absent (a mount namespace shares the filesystem)."""
-    lines = []
-    for m in sorted(c.get("volumeMounts", []), key=lambda m: m["mountPath"].count("/")):
+    """The bash lines that bind-mount the container's volumeMounts, parents before children.
+
+    Every source is opened first and mounted through /proc/self/fd, so a volume mounted
+    over a folder that holds another volume's source (an emptyDir at /tmp over the
+    runner's workdir) hides nothing. Each mount point is created just before its mount,
+    inside the container's mount namespace: on the host's filesystem when nothing covers
+    it (the namespace shares it; it stays after the test), inside the volume when one does."""
+    q = shlex.quote
+    mounts = sorted(c.get("volumeMounts", []), key=lambda m: m["mountPath"].count("/"))
+    opens, lines = [], []
+    for fd, m in enumerate(mounts, start=3):
         if m["name"] not in volumes:
             raise PodSetupError("CreateContainerConfigError", f'no volume "{m["name"]}"')
         vol = volumes[m["name"]]
         src = vol.path / m["subPath"] if m.get("subPath") else vol.path
-        target = Path(m["mountPath"])
         if not src.exists() and vol.tmpfs_bytes is None:
             src.mkdir(parents=True)           # the kubelet creates a missing subPath
+        target = q(m["mountPath"])
+        opens.append(f"{fd}<{q(str(src))}")
         if src.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.touch(exist_ok=True)
+            lines.append(f"{TOOLS['mkdir']} -p -- \"$({TOOLS['dirname']} -- {target})\"; "
+                         f"[ -e {target} ] || : > {target}")
         else:
-            target.mkdir(parents=True, exist_ok=True)
-        q = shlex.quote
-        lines.append(f"{TOOLS['mount']} --bind {q(str(src))} {q(str(target))}")
+            lines.append(f"{TOOLS['mkdir']} -p -- {target}")
+        lines.append(f"{TOOLS['mount']} --no-canonicalize --bind /proc/self/fd/{fd} {target}")
         if m.get("readOnly") or vol.read_only:
-            lines.append(f"{TOOLS['mount']} -o remount,bind,ro {q(str(target))}")
-    return lines
+            lines.append(f"{TOOLS['mount']} -o remount,bind,ro {target}")
+    if not opens:
+        return []
+    return [f"exec {' '.join(opens)}", *lines,
+            "exec " + " ".join(f"{fd}<&-" for fd in range(3, 3 + len(opens)))]
 
 
 def start_container(sandbox_pid: int, argv: list[str], env: dict[str, str], cwd: str,
@@ -336,9 +351,9 @@ def start_container(sandbox_pid: int, argv: list[str], env: dict[str, str], cwd:
     """nsenter the sandbox, unshare a mount namespace of the container's own, mount, exec:
     one process id all along, which is the container's process-group leader."""
     script = "\n".join([*mounts, 'exec "$@"'])
-    return _spawn([TOOLS["nsenter"], f"--target={sandbox_pid}", "--mount", "--uts", "--",
-                   TOOLS["unshare"], "--mount", "--propagation", "private", "--",
-                   TOOLS["sh"], "-ec", script, "container", *argv], env, log, cwd)
+    return _spawn([TOOLS["nsenter"], f"--target={sandbox_pid}", "--mount", "--uts", "--net",
+                   "--", TOOLS["unshare"], "--mount", "--propagation", "private", "--",
+                   TOOLS["bash"], "-ec", script, "container", *argv], env, log, cwd)
 
 
 def stop_process(proc: subprocess.Popen | None, grace: float) -> int | None:
@@ -391,7 +406,7 @@ def run_probe(probe: dict, c: dict, pod_ip: str, pid: int, env: dict[str, str]) 
             with socket.create_connection((t.get("host") or pod_ip, port_of(t)), timeout):
                 return True
         if "exec" in probe:
-            argv = [TOOLS["nsenter"], f"--target={pid}", "--mount", "--uts", "--",
+            argv = [TOOLS["nsenter"], f"--target={pid}", "--mount", "--uts", "--net", "--",
                     *probe["exec"]["command"]]
             return subprocess.run(argv, env=env, capture_output=True, timeout=timeout,
                                   start_new_session=True).returncode == 0

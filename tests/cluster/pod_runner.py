@@ -2,7 +2,7 @@
 (ControlPlane.add_loopback_node) run for real, as local processes; kwok keeps simulating
 the pods of every other node.
 
-    cp.add_loopback_node("loop-0", pod_cidr_octet=10)
+    cp.add_loopback_node("loop-0", pod_cidr_octet=10)     # pod IPs 198.18.10.0/24
     with PodRunner(cp.kubeconfig, ["loop-0"], image_map={"python:3.11": sys.prefix},
                    workdir=tmp_path) as runner:
         ...  # create pods with nodeSelector longctx.dev/loopback=true (and its toleration)
@@ -10,7 +10,9 @@ the pods of every other node.
 
 What it substitutes for a real node is listed in docs/test-harness.md. The per-pod
 processes, volumes, environment and probes are in tests/cluster/pod_process.py; the
-pod lifecycle (container restarts, status, deletion) in tests/cluster/pod_worker.py.
+pod lifecycle (container restarts, status, deletion) in tests/cluster/pod_worker.py; the
+pod network (a namespace and veth per pod on the harness's bridge) in
+tests/cluster/pod_network.py.
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.pod_network import POD_NETWORK, ApiRelay, PodNetwork, node_pod_cidr
 from tests.cluster.pod_process import SYSTEM_PATH, PodSetupError
 from tests.cluster.pod_worker import HOST_IP, PodWorker, delete_pod, now, pod_hostname
-
-LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def log(message: str) -> None:
@@ -51,6 +52,7 @@ class Kube:
         cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
         user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
         self.server = cluster["server"].rstrip("/")
+        self.host = urllib.parse.urlsplit(self.server).hostname or "127.0.0.1"
         self.port = urllib.parse.urlsplit(self.server).port or 443
         self.ca_pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
         self.ssl = ssl.create_default_context(cadata=self.ca_pem)
@@ -123,6 +125,8 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}
         self._finished: set[str] = set()
         self._ips: dict[str, str] = {}         # uid -> pod IP
+        self.network = PodNetwork()
+        self.api_relay: ApiRelay | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -138,6 +142,8 @@ class PodRunner:
                 raise RuntimeError(f"node {name} does not exist: add it with "
                                    "ControlPlane.add_loopback_node first")
             self.node_objects[name] = node
+        self.network.open()
+        self.api_relay = ApiRelay.acquire(self.kube.port, self.kube.host)
         self._heartbeat()   # at once: the node may have waited unattended since it was added
         for target in (self._watch_loop, self._heartbeat_loop):
             t = threading.Thread(target=target, daemon=True, name=f"pod-runner-{target.__name__}")
@@ -147,17 +153,22 @@ class PodRunner:
         return self
 
     def stop(self, grace: float = 3.0) -> None:
-        """Stops every process it started (SIGTERM, SIGKILL after `grace`); the pods stay in
-        the API, as they would when a kubelet stops."""
+        """Stops every process it started (SIGTERM, SIGKILL after `grace`) and removes their
+        network namespaces, then the API relay and, when no other session uses it, the
+        bridge; the pods stay in the API, as they would when a kubelet stops."""
         self._stop.set()
         with self._lock:
             workers = list(self.workers.values())
         for w in workers:
             w.shutdown(grace, api=False)
         for w in workers:
-            w.thread.join(timeout=grace + 20)
+            w.thread.join(timeout=grace + 60)
         for t in self._threads:
             t.join(timeout=2)
+        if self.api_relay:
+            self.api_relay.release()
+            self.api_relay = None
+        self.network.close()
 
     def __enter__(self) -> "PodRunner":
         return self.start()
@@ -196,15 +207,11 @@ class PodRunner:
 
     def base_env(self, pod: dict, image: Image) -> dict[str, str]:
         """What every container sees before its own env: PATH and HOME as an image sets
-        them, the pod's hostname, the API server's address as the in-cluster client reads it.
-        Pods share this machine's network namespace, which has other interfaces than
-        loopback: UCX (NIXL's transport) and vLLM's own host detection are kept on the pod
-        IP, as they would be on a pod's only interface."""
+        them, the pod's hostname, the API server's address as the in-cluster client reads
+        it (the node's address on the bridge, where the API relay listens)."""
         port = str(self.kube.port)
-        pod_ip = (pod.get("status") or {}).get("podIP", HOST_IP)
         return {"PATH": f"{image.prefix}/bin:{SYSTEM_PATH}", "HOME": "/root",
                 "HOSTNAME": pod_hostname(pod), **image.env,
-                "UCX_NET_DEVICES": "lo", "VLLM_HOST_IP": pod_ip,
                 "KUBERNETES_SERVICE_HOST": HOST_IP, "KUBERNETES_SERVICE_PORT": port,
                 "KUBERNETES_SERVICE_PORT_HTTPS": port,
                 "KUBERNETES_PORT": f"tcp://{HOST_IP}:{port}",
@@ -213,8 +220,9 @@ class PodRunner:
                 "KUBERNETES_PORT_443_TCP_PORT": port, "KUBERNETES_PORT_443_TCP_PROTO": "tcp"}
 
     def allocate_ip(self, pod: dict) -> str:
-        """A pod IP from the node's podCIDR, unique among the pods it runs; refuses any
-        address outside 127.0.0.0/8, since the pod's processes bind it on this machine."""
+        """A pod IP from the node's podCIDR, unique among the pods of every session on this
+        machine (PodNetwork.reserve); refuses any address outside the harness's pod network,
+        the only one its bridge serves."""
         node = self.node_objects[pod["spec"]["nodeName"]]
         cidr = node["spec"].get("podCIDR", "")
         try:
@@ -230,19 +238,23 @@ class PodRunner:
                 h for h in net.hosts() if int(h) & 0xFF not in (0, 1, 255)]
             for ip in candidates:
                 if str(ip) not in used and ip in net:
-                    if ip not in LOOPBACK:
+                    if ip not in POD_NETWORK:
                         raise PodSetupError("PodIPRefused", f"pod IP {ip} (podCIDR {cidr} of "
                                             f"node {node['metadata']['name']}) is outside "
-                                            "127.0.0.0/8: the loopback kubelet refuses it")
-                    self._ips[uid] = str(ip)
-                    return str(ip)
+                                            f"{POD_NETWORK}: the loopback kubelet refuses it")
+                    if self.network.reserve(str(ip)):
+                        self._ips[uid] = str(ip)
+                        return str(ip)
         raise PodSetupError("PodIPRefused", f"podCIDR {cidr} is exhausted")
 
-    def release(self, uid: str) -> None:
+    def release(self, uid: str, reuse_ip: bool = True) -> None:
+        """The pod is done; its IP is free again unless its network may still be in use."""
         with self._lock:
-            self._ips.pop(uid, None)
+            ip = self._ips.pop(uid, None)
             self.workers.pop(uid, None)
             self._finished.add(uid)
+        if ip and reuse_ip:
+            self.network.unreserve(ip)
 
     # -- the watch
 
@@ -327,12 +339,10 @@ def loopback_node(name: str, pod_cidr_octet: int, labels: dict[str, str] | None 
                   ) -> tuple[dict, dict]:
     """A loopback node and the status patch that makes it Ready (ControlPlane
     .add_loopback_node creates them). No kwok annotation, so kwok ignores it; pod IPs from
-    127.0.<octet>.0/24. Tainted longctx.dev/loopback=true:NoSchedule unless `taints` says
-    otherwise, so that only pods that tolerate it land there, never the simulated
-    workloads of other tests."""
-    if not 0 <= pod_cidr_octet <= 255:
-        raise ValueError(f"pod_cidr_octet {pod_cidr_octet} is not in 0..255")
-    cidr = f"127.0.{pod_cidr_octet}.0/24"
+    198.18.<octet>.0/24 (node_pod_cidr), its address the bridge's. Tainted
+    longctx.dev/loopback=true:NoSchedule unless `taints` says otherwise, so that only pods
+    that tolerate it land there, never the simulated workloads of other tests."""
+    cidr = node_pod_cidr(pod_cidr_octet)
     resources = capacity or {"cpu": "2", "memory": "8Gi", "pods": "110"}
     if taints is None:
         taints = [{"key": "longctx.dev/loopback", "value": "true", "effect": "NoSchedule"}]

