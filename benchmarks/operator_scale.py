@@ -40,6 +40,7 @@ sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_operator.runtime.kube import Kube, KubeError, collection_path  # noqa: E402
+from longctx_operator import kinds
 from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
 
@@ -74,7 +75,7 @@ class ReadyWatch:
                 raise
 
     def _follow(self) -> None:
-        kind = contract.KIND_BY_NAME[contract.KIND]
+        kind = kinds.KIND_BY_NAME[contract.KIND]
         version = self.kube.list_raw(kind, NAMESPACE, "")["metadata"]["resourceVersion"]
         while not self._stopping.is_set():
             query = [("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "60")]
@@ -98,7 +99,7 @@ def children_created(kube: Kube, kinds: set[str]) -> tuple[int, float]:
     creationTimestamp has whole seconds, so the time is rounded up to the next second."""
     count, last = 0, 0.0
     for kind in sorted(kinds):
-        k = contract.KIND_BY_NAME[kind]
+        k = kinds.KIND_BY_NAME[kind]
         for item in kube.list_raw(k, NAMESPACE, k.label_selector)["items"]:
             stamp = datetime.strptime(item["metadata"]["creationTimestamp"],
                                       "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)

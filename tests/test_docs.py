@@ -373,7 +373,7 @@ def test_the_name_checker_finds_what_is_missing_and_passes_what_exists():
     text = (f"`{missing}`, kernels/longctx_kernels/lse_merge.py, `csrc/radix_topk.cu`, "
             "`deepseek_v2.py`, `revision.pairing_key`, `revision.no_such_function`, "
             "`spec.decode.replicas`, `status.plan`, `getpass.getuser()`, `no_such_helper(x)`, "
-            "`contract.Kind.wave`, https://example.com/x/gone.py")
+            "`kinds.Kind.wave`, https://example.com/x/gone.py")
     problems = [p.split(": ", 1)[1] for p in doc_name_problems(fake, text)]
     assert problems == [f"{missing} does not exist",
                         "`revision.no_such_function` is not defined in module revision",

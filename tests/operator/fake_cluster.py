@@ -9,7 +9,7 @@ import copy
 from typing import Any, Optional
 
 from longctx_core import contract
-from longctx_core.contract import Kind
+from longctx_operator.kinds import Kind
 
 Key = tuple[str, str, str]
 

@@ -11,9 +11,10 @@ from longctx_core.sizing.roles import serving_plan
 from longctx_operator.runtime.cache import Reflector, Store
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
+from longctx_operator import kinds
 from tests.contract.variants import spec_with
 
-KIND = contract.KIND_BY_NAME["StatefulSet"]
+KIND = kinds.KIND_BY_NAME["StatefulSet"]
 
 
 def obj(name: str, instance: str | None, namespace: str = "ns", version: str = "1",
@@ -45,7 +46,7 @@ def test_a_listed_crd_is_kept_without_its_schema():
     """A list's items carry no kind: the store's kind decides what is kept. Every reconcile
     asks whether a CRD is established, so a CRD kept whole (its OpenAPI schema, hundreds
     of kB for some) was decoded again and again."""
-    store = Store(contract.KIND_BY_NAME["CustomResourceDefinition"], (None,))
+    store = Store(kinds.KIND_BY_NAME["CustomResourceDefinition"], (None,))
     crd = {"metadata": {"name": "podmonitors.monitoring.coreos.com", "resourceVersion": "7"},
            "spec": {"versions": [{"schema": {"openAPIV3Schema": {"description": "x" * 10_000}}}]},
            "status": {"conditions": [{"type": "Established", "status": "True",
@@ -66,7 +67,7 @@ def test_a_relisted_child_matches_what_the_operator_applied():
     cr = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
           "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
     desired = desired_objects(cr, serving_plan(spec_with()), with_pod_monitor=False)
-    stores = {k.kind: Store(k, (None,)) for k in contract.CACHED_KINDS}
+    stores = {k.kind: Store(k, (None,)) for k in kinds.CACHED_KINDS}
     for kind, store in stores.items():
         items = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")}
                  for o in desired if o["kind"] == kind]

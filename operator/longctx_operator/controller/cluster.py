@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
-from longctx_core.contract import Kind
+from longctx_operator.kinds import Kind
 
 
 class KubeError(RuntimeError):

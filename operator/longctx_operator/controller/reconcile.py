@@ -36,11 +36,12 @@ from longctx_operator.controller.replacement import Replacement, cordoned, plan_
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from longctx_operator.controller.cluster import Cluster, KubeError
 from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
+from longctx_operator import kinds
 
 log = logging.getLogger(__name__)
-POD_MONITOR_CRD = contract.KIND_BY_NAME["PodMonitor"].crd
-RULE_CRD = contract.KIND_BY_NAME["PrometheusRule"].crd
-KEDA_CRD = contract.KIND_BY_NAME["ScaledObject"].crd
+POD_MONITOR_CRD = kinds.KIND_BY_NAME["PodMonitor"].crd
+RULE_CRD = kinds.KIND_BY_NAME["PrometheusRule"].crd
+KEDA_CRD = kinds.KIND_BY_NAME["ScaledObject"].crd
 # Added to the longest request's predicted time: the answer streamed after the prompt.
 DRAIN_MARGIN_SECONDS = 60
 # Without a prediction (an explicit architecture), the old revision drains this long.
@@ -314,7 +315,7 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, step: 
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], obj["metadata"]["name"])
         if live is not None and matches(obj, live):
             continue
-        waves.setdefault(contract.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
+        waves.setdefault(kinds.KIND_BY_NAME[obj["kind"]].wave, []).append(obj)
         label = _label(obj)
         if live is None:
             why = ("Created", "created") if new_generation else \
@@ -340,7 +341,7 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, step: 
     wanted = {_key(o) for o in desired}
     # Revisions that run stay (a draining one too) unless this step removes them.
     kept = (set(revisions) | {plan.revision}) - set(step.delete)
-    for kind in contract.MANAGED_KINDS:
+    for kind in kinds.MANAGED_KINDS:
         if kind.crd and not kube.crd_exists(kind.crd):
             continue   # nothing of a kind whose CRD is absent can exist
         for live in kube.list(kind.api_version, kind.kind, meta["namespace"],

@@ -18,6 +18,7 @@ from longctx_operator.controller.builders import picker, vllm_router
 from longctx_operator.controller.builders.router import (llmd_objects, pod_annotations,
                                                          routing_sidecar)
 from longctx_operator.controller.cluster import Cluster
+from longctx_operator import kinds
 
 Status = tuple[bool, str, str]   # RouterReady: (ready, reason, message)
 
@@ -104,7 +105,7 @@ class LlmD(Router):
 
     def _pool_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
         meta = cr["metadata"]
-        pool = kube.get(contract.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
+        pool = kube.get(kinds.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
                         meta["namespace"], contract.inference_pool(meta["name"]))
         return (((pool or {}).get("spec") or {}).get("selector") or {}).get(
             "matchLabels", {}).get(contract.PAIRING_LABEL)
@@ -170,7 +171,7 @@ class VllmRouter(Router):
         if not cordoned:
             return []
         meta = cr["metadata"]
-        pods = kube.list_raw(contract.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
+        pods = kube.list_raw(kinds.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
             f"{k}={v}" for k, v in contract.selector_labels(meta["name"], contract.ROUTER_COMPONENT).items()))
         nodes = sorted({p["spec"].get("nodeName") for p in pods.get("items") or []
                         if (p.get("spec") or {}).get("nodeName") in cordoned

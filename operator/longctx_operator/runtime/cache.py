@@ -29,6 +29,7 @@ import urllib3
 from longctx_core import contract
 
 from longctx_operator.runtime.kube import Kube, KubeError, collection_path
+from longctx_operator import kinds
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]   # (namespace, name)
@@ -40,7 +41,7 @@ RELIST_BACKOFF_CAP = 5.0
 TOMBSTONES = 10_000   # deletions remembered per kind, far more than one watch lags another
 
 
-def _compact(obj: dict[str, Any], kind: contract.Kind) -> str:
+def _compact(obj: dict[str, Any], kind: kinds.Kind) -> str:
     """The stored form of an object of `kind`: compact JSON without
     `metadata.managedFields` (a fifth of the memory of the parsed object; a reconcile
     decodes the few it reads), with its apiVersion and kind set from the store's kind: a
@@ -64,7 +65,7 @@ class _Entry:
     text: str
 
     @classmethod
-    def of(cls, obj: dict[str, Any], kind: contract.Kind) -> "_Entry":
+    def of(cls, obj: dict[str, Any], kind: kinds.Kind) -> "_Entry":
         meta = obj["metadata"]
         return cls(dict(meta.get("labels") or {}), meta.get("resourceVersion", ""),
                    _compact(obj, kind))
@@ -94,7 +95,7 @@ class Store:
     update cannot bring it back (a ghost pod would keep a Recreate rollout waiting for
     ever); an object created again under the same name has a newer version and is stored."""
 
-    def __init__(self, kind: contract.Kind, scopes: tuple[str | None, ...]):
+    def __init__(self, kind: kinds.Kind, scopes: tuple[str | None, ...]):
         self.kind = kind
         self._lock = threading.Lock()
         self._objects: dict[Key, _Entry] = {}
@@ -294,18 +295,18 @@ class Caches:
 
     def __init__(self, kube: Kube, namespaces: tuple[str, ...] = (),
                  changed: Changed | None = None):
-        """`changed` hears of every change to an object of a watched kind (contract.Kind)
+        """`changed` hears of every change to an object of a watched kind (kinds.Kind)
         and to a Node."""
         scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
         # The CRDs the optional kinds need: asked for by every reconcile, so kept here.
-        crd = contract.KIND_BY_NAME["CustomResourceDefinition"]
+        crd = kinds.KIND_BY_NAME["CustomResourceDefinition"]
         self.crds = Store(crd, (None,))
         # The nodes: read by the planner, and a cordon moves a role's only pod (a drain).
-        self.nodes_store = Store(contract.KIND_BY_NAME["Node"], (None,))
+        self.nodes_store = Store(kinds.KIND_BY_NAME["Node"], (None,))
         self._reflectors = [Reflector(kube, self.crds, None, selector=""),
                             Reflector(kube, self.nodes_store, None, selector="", changed=changed)]
-        self.stores = {k.kind: Store(k, scopes) for k in contract.CACHED_KINDS}
-        for k in contract.CACHED_KINDS:
+        self.stores = {k.kind: Store(k, scopes) for k in kinds.CACHED_KINDS}
+        for k in kinds.CACHED_KINDS:
             ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
             self._reflectors += [Reflector(kube, self.stores[k.kind], ns, k.label_selector,
                                            ready=ready, changed=changed if k.watched else None)

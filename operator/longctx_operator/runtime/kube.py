@@ -17,7 +17,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from longctx_core.contract import FIELD_MANAGER, KIND_BY_NAME, Kind
+from longctx_core.contract import FIELD_MANAGER
+from longctx_operator.kinds import KIND_BY_NAME, Kind
 
 from longctx_operator import metrics
 from longctx_operator.controller.cluster import KubeError  # noqa: F401  (raised here)

@@ -27,6 +27,7 @@ from typing import Any
 from longctx_core import contract
 from longctx_core.sizing.planner import CapacityPlan
 from longctx_core.sizing.roles import ServingPlan
+from longctx_operator import kinds
 
 ADMITTABLE = "longctx:decode_admittable_requests"   # the capacity signal
 DEMAND = "longctx:decode_demand_requests"           # slots in use plus waiting requests
@@ -41,9 +42,9 @@ HOST_USAGE = "vllm:hisparse_host_cache_usage_perc"
 GPU_USAGE = "vllm:kv_cache_usage_perc"
 WAITING_INPUT = "vllm:num_requests_waiting"
 
-HPA_KIND = contract.KIND_BY_NAME["HorizontalPodAutoscaler"]
-SCALED_OBJECT_KIND = contract.KIND_BY_NAME["ScaledObject"]
-RULE_KIND = contract.KIND_BY_NAME["PrometheusRule"]
+HPA_KIND = kinds.KIND_BY_NAME["HorizontalPodAutoscaler"]
+SCALED_OBJECT_KIND = kinds.KIND_BY_NAME["ScaledObject"]
+RULE_KIND = kinds.KIND_BY_NAME["PrometheusRule"]
 
 
 def prometheus_label(pod_label: str) -> str:

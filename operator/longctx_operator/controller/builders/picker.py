@@ -16,10 +16,11 @@ from longctx_core.sizing.prefix_index import prefix_index
 
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.builders.router_placement import router_placement
+from longctx_operator import kinds
 
 COMPONENT = contract.ROUTER_COMPONENT
-POOL_API_VERSION = contract.KIND_BY_NAME["InferencePool"].api_version
-POOL_GROUP = contract.KIND_BY_NAME["InferencePool"].group
+POOL_API_VERSION = kinds.KIND_BY_NAME["InferencePool"].api_version
+POOL_GROUP = kinds.KIND_BY_NAME["InferencePool"].group
 PICKER_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
 
 # gRPC health service the picker answers for a single replica (cmd/epp/runner/health.go).
