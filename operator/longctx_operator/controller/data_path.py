@@ -36,6 +36,7 @@ FAILURE_COUNTERS = {
     "vllm:nixl_num_failed_transfers_total": "KVTransferFailed",
     "vllm:nixl_num_failed_notifications_total": "KVNotificationFailed",
     "vllm:nixl_num_kv_expired_reqs_total": "KVLeaseExpired",
+    "vllm:nixl_num_notifications_after_expiry_total": "KVReadAfterExpiry",
 }
 
 
@@ -72,6 +73,10 @@ def clients_saw(reason: str, role: str, policy: str) -> str:
                    if policy == "fail" else "were recomputed on decode (slower, no error)")
                 + "; new requests went to the other prefill pods, or got HTTP 503 from "
                   "vllm-router while none was Ready")
+    if reason in ("KVLeaseExpired", "KVReadAfterExpiry"):
+        return ("decode read KV that prefill had already freed, and the client got a whole "
+                "answer with no error (its tokens may be wrong): raise the KV lease "
+                "(the performance model's longest step) or look for a stalled decode")
     if policy == "fail":
         return "each such request ended with an error event in its HTTP 200 stream and no token"
     return "decode recomputed each such prompt itself (slower, no error)"
@@ -117,7 +122,8 @@ class Growth:
         reason = FAILURE_COUNTERS[self.metric]
         what = {"KVTransferFailed": "KV transfers failed",
                 "KVNotificationFailed": "NIXL notifications to prefill failed",
-                "KVLeaseExpired": "requests' KV expired on prefill before decode read it"}[reason]
+                "KVLeaseExpired": "requests' KV expired on prefill before decode read it",
+            "KVReadAfterExpiry": "KV reads arrived after prefill's lease expired"}[reason]
         return Fault(key=f"{self.pod}/{self.metric}/{self.at.isoformat()}", pod=self.pod,
                      reason=reason, at=self.at,
                      message=f"{self.grew_by:.0f} {what} on {self.role} pod {self.pod} "
