@@ -157,3 +157,28 @@ def test_an_engine_that_died_is_reported_once():
     assert condition["status"] == "False" and condition["reason"] == "EngineRestarted"
     assert out.wake_after is not None        # looked at again when the condition clears
     assert "EngineRestarted" not in reasons(run(fake))
+
+
+def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
+    from longctx_core.sizing import planner
+    from longctx_operator.controller import rendering
+    calls = {"plan": 0, "render": 0}
+    real_plan, real_render = planner.plan, rendering.launch_document
+
+    def plan(*args, **kw):
+        calls["plan"] += 1
+        return real_plan(*args, **kw)
+
+    def render(*args, **kw):
+        calls["render"] += 1
+        return real_render(*args, **kw)
+    monkeypatch.setattr(reconcile_module, "plan_capacity", plan)
+    monkeypatch.setattr(rendering, "launch_document", render)
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    steady(fake)
+    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
+        decode=["--max-num-seqs", "3"]))     # a replacement: the most a reconcile renders
+    calls.update(plan=0, render=0)
+    run(fake)
+    assert calls == {"plan": 1, "render": 2}, calls

@@ -18,6 +18,7 @@ from longctx_core.sizing.layout import EnginePorts, Layout, engine_ports, role_l
 from longctx_core.sizing.performance import summary_at_max_context
 from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
 from longctx_core.sizing.rules import RecipeError, validate
+from longctx_core.launcher.launch import LaunchDocument
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class RolePlan:
     # The revision the role's objects belong to: the pairing key, or a replacement revision
     # of it that the operator brings up beside the serving one (controller/replacement.py).
     revision: str = ""
+    # What the role's pods run, once the operator has rendered it for its CR
+    # (controller/rendering.py); builders read it instead of rendering again.
+    document: Optional[LaunchDocument] = None
 
     def __post_init__(self) -> None:
         if not self.revision:

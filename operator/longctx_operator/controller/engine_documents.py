@@ -9,11 +9,12 @@ from typing import Any
 from longctx_core import contract
 from longctx_core.vllm_config.compat import pd_compatibility
 from longctx_core.launcher.launch import LaunchDocument, LaunchError, fill, parse
-from longctx_core.vllm_config.recipes import EngineCommand, launch_document
+from longctx_core.vllm_config.recipes import EngineCommand
 from longctx_core.sizing.roles import ServingPlan
 from longctx_core.sizing.rules import RecipeError
 
 from longctx_operator.controller.cluster import Cluster
+from longctx_operator.controller.rendering import document
 
 
 def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
@@ -35,8 +36,7 @@ def check_in_place_pair(kube: Cluster, cr: dict[str, Any], plan: ServingPlan) ->
     live = kube.get("v1", "ConfigMap", meta["namespace"],
                     contract.engine_configmap(meta["name"], plan.revision))
     data = (live or {}).get("data") or {}
-    new = {role.role: launch_document(role, meta["name"], meta["namespace"])
-           for role in plan.roles}
+    new = {role.role: document(cr, role) for role in plan.roles}
     try:
         running = {role: parse(data[contract.launch_key(role)]) for role in contract.ROLES}
     except (KeyError, LaunchError):

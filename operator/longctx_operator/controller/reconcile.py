@@ -20,7 +20,6 @@ from longctx_core.sizing import placement
 from longctx_core.sizing.host_memory import NodeMemory
 from longctx_core.sizing.planner import plan as plan_capacity
 from longctx_core.quantity import parse_bytes
-from longctx_core.vllm_config.recipes import launch_document
 from longctx_core.sizing.roles import ServingPlan, serving_plan
 from longctx_core.sizing.rules import RecipeError
 from longctx_core.sizing.scaling import scale_status
@@ -32,6 +31,7 @@ from longctx_operator import metrics
 from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
+from longctx_operator.controller.rendering import rendered
 from longctx_operator.controller.replacement import Replacement, cordoned, plan_for_revision
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from longctx_operator.controller.cluster import Cluster, KubeError
@@ -117,8 +117,8 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         if not capacity.fits:
             refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
-            plan = serving_plan(spec, name)
-            check_pair(*(launch_document(role, name, namespace) for role in plan.roles))
+            plan = rendered(cr, serving_plan(spec, name))
+            check_pair(*(role.document for role in plan.roles))
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))
 

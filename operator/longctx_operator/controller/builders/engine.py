@@ -13,7 +13,7 @@ from longctx_core.sizing.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.routers import router_for
-from longctx_core.vllm_config.recipes import launch_document
+from longctx_operator.controller.rendering import document
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
 TERMINATION_GRACE_SECONDS = 120
@@ -32,9 +32,7 @@ def _meta(cr: dict[str, Any], name: str, component: str,
 
 def launch_documents(cr: dict[str, Any], plan: ServingPlan) -> dict[str, str]:
     """Each role's launch document, by its ConfigMap key: what the role's pods run."""
-    meta = cr["metadata"]
-    return {contract.launch_key(role.role):
-            launch_document(role, meta["name"], meta["namespace"]).to_json()
+    return {contract.launch_key(role.role): document(cr, role).to_json()
             for role in plan.roles}
 
 
@@ -213,8 +211,7 @@ def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
     """The digest of the role's launch document: an edit of one role, or an operator whose
     rendering changed, restarts only that role's pods, through the StatefulSet's rolling
     update."""
-    meta = cr["metadata"]
-    return content_digest(launch_document(role, meta["name"], meta["namespace"]).to_json())[:16]
+    return content_digest(document(cr, role).to_json())[:16]
 
 
 def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
