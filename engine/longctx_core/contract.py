@@ -102,6 +102,9 @@ SERVING_LABEL = "llm-d.ai/inference-serving"
 PAIRING_LABEL = "longctx.dev/pairing"
 # On a replacement revision's StatefulSets: the pairing key the revision replaces pods of.
 PAIRING_KEY_ANNOTATION = "longctx.dev/pairing-key"
+# On an engine StatefulSet: a digest of the pod template the operator rendered for it (a
+# template that differs from it drifted; a new digest is a change of the spec or rendering).
+TEMPLATE_DIGEST_ANNOTATION = "longctx.dev/template-digest"
 # The StatefulSet controller's label of a pod's ordinal.
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ENGINE_CONFIG_ANNOTATION = "longctx.dev/engine-config"

@@ -137,3 +137,12 @@ def test_cordoned_reads_the_nodes_unschedulable_flag():
     nodes = [{"metadata": {"name": "a"}, "spec": {"unschedulable": True}},
              {"metadata": {"name": "b"}, "spec": {}}]
     assert cordoned(nodes) == {"a"} and cordoned(None) == set()
+
+
+def test_a_template_edited_by_hand_is_drift_not_a_replacement():
+    base = cr_with(prefill={"replicas": 1}, decode={"replicas": 1})
+    _, serving = running(base)
+    sts = serving.statefulsets["decode"]
+    sts["spec"]["template"]["spec"]["containers"][0]["command"][-1] = "/etc/longctx/x.json"
+    decided, replaced = decide(base, serving)
+    assert replaced is None and decided.revision == serving.name

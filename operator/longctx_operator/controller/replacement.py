@@ -59,6 +59,16 @@ def pairing_key_of(revision: Revision) -> str:
     return revision.name
 
 
+def changes_template(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether applying the desired StatefulSet would change its pod template because what
+    the operator renders changed (a live template edited by hand is drift, repaired in
+    place: its digest still matches what was rendered)."""
+    digest = (live["metadata"].get("annotations") or {}).get(contract.TEMPLATE_DIGEST_ANNOTATION)
+    if digest is not None:
+        return digest != desired["metadata"]["annotations"][contract.TEMPLATE_DIGEST_ANNOTATION]
+    return not matches(desired["spec"]["template"], live["spec"]["template"])
+
+
 def cordoned(nodes: Optional[list[dict[str, Any]]]) -> set[str]:
     return {n["metadata"]["name"] for n in nodes or [] if (n.get("spec") or {}).get("unschedulable")}
 
@@ -81,7 +91,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
         if min(live_replicas, role.replicas) >= 2:
             continue   # a rolling update keeps the role serving
         field = f"spec.{role.role}.replicas = {role.replicas}"
-        if not matches(statefulset(cr, role)["spec"]["template"], live["spec"]["template"]):
+        if changes_template(statefulset(cr, role), live):
             reasons.append(f"{role.role} has one pod ({field}) and its pod template changes")
             changed.append(role.role)
         nodes = sorted({p["spec"].get("nodeName") for p in serving.role_pods(role.role)

@@ -4,6 +4,7 @@ which every revision shares."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from longctx_core import contract
@@ -214,6 +215,10 @@ def config_digest(cr: dict[str, Any], role: RolePlan) -> str:
     return content_digest(document(cr, role).to_json())[:16]
 
 
+def template_digest(template: dict[str, Any]) -> str:
+    return content_digest(json.dumps(template, sort_keys=True))[:16]
+
+
 def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     spec = role.spec
@@ -249,10 +254,14 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
     router_for(spec).engine_pod(role, annotations, pod_spec)
+    template = {"metadata": {"labels": contract.labels(cr_name, role.role, role.revision),
+                             "annotations": annotations},
+                "spec": pod_spec}
     metadata = _meta(cr, contract.statefulset(cr_name, role.role, role.revision), role.role,
                      role.revision)
+    metadata["annotations"] = {contract.TEMPLATE_DIGEST_ANNOTATION: template_digest(template)}
     if role.revision != role.pairing_key:
-        metadata["annotations"] = {contract.PAIRING_KEY_ANNOTATION: role.pairing_key}
+        metadata["annotations"][contract.PAIRING_KEY_ANNOTATION] = role.pairing_key
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata,
@@ -264,11 +273,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": contract.selector_labels(cr_name, role.role,
                                                                  role.revision)},
-            "template": {
-                "metadata": {"labels": contract.labels(cr_name, role.role, role.revision),
-                             "annotations": annotations},
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
 
