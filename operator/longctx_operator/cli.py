@@ -27,6 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                  render_performance, render_performance_line,
                                                  render_table)
     from longctx_core.sizing.planner import plan
+    from longctx_operator.controller.routers import router_for
 
     cr = read_manifest(args.file)
     spec = api.load_spec(cr.get("spec"))
@@ -67,7 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         text = render_table(capacity)
         text += render_performance_line(perf) if workload is None else \
             "\n" + render_performance(perf)
-        text += render_disaggregation(decision, spec.router.type)
+        router = router_for(spec)
+        text += render_disaggregation(decision, spec.router.type, router.decides_disaggregation)
         if rows is not None:
             text += "\n" + render_compare(rows)
         print(text)

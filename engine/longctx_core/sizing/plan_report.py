@@ -217,13 +217,14 @@ def _decider_text(decider: str, non_cached: int) -> str:
     return f"through prefill from {non_cached:,} uncached tokens (nonCachedTokens)"
 
 
-def render_disaggregation(report: dict[str, Any], router_type: str) -> str:
-    """The P/D decider threshold `auto` derives (decider.py), why, and what is rendered."""
+def render_disaggregation(report: dict[str, Any], router: str, decides: bool) -> str:
+    """The P/D decider threshold `auto` derives (decider.py), why, and what is rendered;
+    `router` names the spec's router, `decides` whether it has a P/D decider."""
     text = (f"Disaggregation threshold (auto, {report['pricedBy']}): "
             f"{_decider_text(report['decider'], report['nonCachedTokens'])}; {report['reason']}")
     rendered = report["rendered"]
-    if router_type != "llm-d":
-        text += (f". {router_type} has no decider: it sends every request through prefill, "
+    if not decides:
+        text += (f". {router} has no decider: it sends every request through prefill, "
                  "and this threshold is what llm-d's picker would get")
     elif report["specDecider"] != "auto":
         text += (f". The spec sets decider {report['specDecider']}: the picker gets "

@@ -26,6 +26,9 @@ Status = tuple[bool, str, str]   # RouterReady: (ready, reason, message)
 class Router:
     """No router (spec.router.enabled false): clients reach decode's headless Service."""
 
+    # Whether it decides per request to skip the prefill pool (llm-d's P/D decider).
+    decides_disaggregation = False
+
     def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:
         """Its objects, sending requests to the `serving` revision."""
         return []
@@ -81,6 +84,8 @@ class Router:
 class LlmD(Router):
     """llm-d: an InferencePool, the endpoint picker and the decode routing sidecar
     (builders/router.py, builders/picker.py). The pool's selector is the serving revision."""
+
+    decides_disaggregation = True
 
     def __init__(self, router: api.Router):
         self.spec = router
