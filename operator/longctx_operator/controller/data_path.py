@@ -127,7 +127,8 @@ class Growth:
         return Fault(key=f"{self.pod}/{self.metric}/{self.at.isoformat()}", pod=self.pod,
                      reason=reason, at=self.at,
                      message=f"{self.grew_by:.0f} {what} on {self.role} pod {self.pod} "
-                             f"({self.metric} +{self.grew_by:.0f}): "
+                             f"({self.metric} +{self.grew_by:.0f}, read at "
+                             f"{self.at.strftime('%Y-%m-%dT%H:%M:%SZ')}): "
                              + clients_saw(reason, self.role, policy))
 
 

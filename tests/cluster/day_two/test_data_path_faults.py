@@ -28,6 +28,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import pytest
@@ -62,12 +63,12 @@ CASES = [
 FIGURES = Figures("data-path-faults", "faults")
 
 
-def reported(deployment, known: set[str], since: float, *wanted: tuple[str, str]
+def reported(deployment, known: list[str], since: float, *wanted: tuple[str, str]
              ) -> dict[str, Any]:
-    """Waits for an Event of each (reason, pod) in `wanted` and the DataPathHealthy
+    """Waits for a new Event of each (reason, pod) in `wanted` and the DataPathHealthy
     condition False; returns the events, the condition and how long the reports took."""
     def found() -> list[str] | None:
-        new = [e for e in deployment.events() if e not in known]
+        new = list((Counter(deployment.events()) - Counter(known)).elements())
         hits = [next((e for e in new if e.startswith(f"{reason}:") and pod in e), None)
                 for reason, pod in wanted]
         cond = next((c for c in deployment.status().get("conditions", [])
@@ -135,7 +136,7 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     deployment.settle()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
-    known = set(deployment.events())
+    known = deployment.events()
     failed_before = kv_counters(decode_url)["nixl_failed"]
     signal_engine(decode, signal.SIGSTOP)
     try:
@@ -169,7 +170,7 @@ def test_decode_lost_mid_answer(deployment):
     deployment.settle()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
-    known = set(deployment.events())
+    known = deployment.events()
     # Long enough that the kill lands mid-answer: decode streams ~30 tokens/s here.
     answer_tokens = 1024
     thread, out = in_background(lambda: stream_chat(
@@ -204,7 +205,7 @@ def test_nixl_side_channel_unreachable(deployment):
     the decode leg with the prefill's `kv_transfer_params`, whose stream is what
     vllm-router passes to the client."""
     deployment.settle(warm=False)
-    known = set(deployment.events())
+    known = deployment.events()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
     name, prefill_url = next(iter(deployment.urls("prefill").items()))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import pytest
@@ -68,7 +69,7 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     (bounded), stops both; records and returns what the clients got, with the counters.
     A request still open when the traffic stops counts as failed."""
     deployment.settle()
-    known = set(deployment.events())
+    known = Counter(deployment.events())
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
     counters = PodCounters(real, namespace, name).start()
     router = RouterEndpoint(real, namespace, name).start()
@@ -88,7 +89,7 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
         router.stop()
         counters.stop()
     summary = {**traffic.summary(), "seconds": round(took),
-               "events": [e[:240] for e in deployment.events() if e not in known],
+               "events": [e[:240] for e in (Counter(deployment.events()) - known).elements()],
                "conditions": conditions(deployment)}
     FIGURES.record(case, summary)
     return summary, counters
