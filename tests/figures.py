@@ -114,13 +114,23 @@ def changes_and_faults(sources: dict[str, Cases]) -> list[str]:
              row("---", "---:", "---:", "---:", "---:", "---:", "---")]
     for cases in sources.values():
         for case, f in cases.items():
-            reported = [f"`{e.partition(':')[0]}`:{e.partition(':')[2]}"
-                        for e in f.get("events") or []] + list(f.get("conditions") or [])
+            reported = events_by_reason(f.get("events") or []) + list(f.get("conditions") or [])
             lines.append(row(cell(case), cell(f.get("sent")), cell(f.get("failed")),
                              cell(f.get("cut_off")), seconds(f.get("longest_wait_s")),
                              seconds(f.get("seconds")), cell(reported) if reported
                              else "nothing" if "events" in f else "-"))
     return lines
+
+
+def events_by_reason(events: list[str]) -> list[str]:
+    """Events ("Reason: message") once per reason, in order, with how many there were and
+    the first one's message (a rollout posts a Created or Removed per object)."""
+    by_reason: dict[str, list[str]] = {}
+    for event in events:
+        reason, _, message = event.partition(": ")
+        by_reason.setdefault(reason, []).append(message)
+    return [f"`{reason}`" + (f" x{len(messages)}" if len(messages) > 1 else "")
+            + f": {messages[0]}" for reason, messages in by_reason.items()]
 
 
 def fault_clients(sources: dict[str, Cases]) -> list[str]:

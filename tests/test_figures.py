@@ -23,7 +23,8 @@ def docs(tmp_path, monkeypatch):
 
 
 CHANGE = {"sent": 41, "failed": 0, "cut_off": 0, "longest_wait_s": 1.37, "seconds": 95,
-          "events": ["RolloutStarted: Surge from a to b", "RolloutDrained: held no request"],
+          "events": ["RolloutStarted: Surge from a to b", "Removed: StatefulSet/x",
+                     "RolloutDrained: held no request", "Removed: ConfigMap/y"],
           "conditions": ["Ready=True Serving: both | roles"]}
 
 
@@ -43,8 +44,8 @@ def test_a_record_writes_the_json_and_regenerates_its_tables_at_once(docs):
     assert len(cases["Surge rollout"]["measured"]) == len("2026-12-04")
     text = (docs / "data-path.md").read_text()
     assert "| Surge rollout | 41 | 0 | 0 | 1.4 s | 95.0 s | `RolloutStarted`: Surge from a " \
-           "to b<br>`RolloutDrained`: held no request<br>Ready=True Serving: both \\| roles |" \
-           in text
+           "to b<br>`Removed` x2: StatefulSet/x<br>`RolloutDrained`: held no request<br>" \
+           "Ready=True Serving: both \\| roles |" in text
     assert not figures.stale()
     # A later run replaces the case's figures; the cases it did not reach keep theirs.
     figures.Figures("traffic-rollouts", "traffic").record("scale-down", {"sent": 10})
