@@ -80,10 +80,13 @@ class Deployment:
         return self.real.lcd(self.name, self.namespace).get("status") or {}
 
     def events(self) -> list[str]:
-        """The Events the operator posted on the CR: "reason: message"."""
+        """The Events the operator posted on the CR, "reason: message", oldest first (the
+        API lists them by name)."""
         out = self.real.cp.kubectl("get", "events", "-n", self.namespace, "-o", "json",
                                    "--field-selector", f"involvedObject.name={self.name}")
-        return [f"{e['reason']}: {e['message']}" for e in json.loads(out.stdout)["items"]]
+        items = sorted(json.loads(out.stdout)["items"], key=lambda e: (
+            e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]))
+        return [f"{e['reason']}: {e['message']}" for e in items]
 
     def settle(self, warm: bool = True, timeout: float = READY_TIMEOUT) -> None:
         """The CR Ready with every pod it wants Ready and none leaving, and vllm-router
