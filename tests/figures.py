@@ -254,8 +254,8 @@ def generate(name: str) -> str:
     dates = sorted({f.get("measured", "?") for cases in sources.values()
                     for f in cases.values()})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-    return "\n".join(table.build(sources) + ["", f"From {files}, measured {when} by "
-                                                 f"{table.fills}."])
+    return "\n".join(table.build(sources) + ["", f"From {files}, measured {when}; "
+                                                 f"{table.fills} measures it again."])
 
 
 def region(name: str) -> re.Pattern[str]:
