@@ -55,8 +55,10 @@ regen_etcd_wrapper() {
   go mod tidy
 }
 
+# grep reads the whole output: with pipefail, grep -q's early exit can kill the binary
+# with SIGPIPE and fail the check, which then rebuilds.
 version_ok() { # binary, expected substring, [version command]
-  [[ -x "$1" ]] && "$1" ${3:---version} 2>/dev/null | grep -q -- "$2"
+  [[ -x "$1" ]] && "$1" ${3:---version} 2>/dev/null | grep -- "$2" >/dev/null
 }
 
 timed() { # label, command...

@@ -18,8 +18,10 @@ export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
 
 log() { printf '[prometheus] %s\n' "$*" >&2; }
 
+# grep reads the whole output: with pipefail, grep -q's early exit can kill the binary
+# with SIGPIPE and fail the check, which then rebuilds.
 version_ok() { # binary
-  [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -q -- "version $PROMETHEUS_VERSION"
+  [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -- "version $PROMETHEUS_VERSION" >/dev/null
 }
 
 build() {
