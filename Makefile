@@ -45,7 +45,7 @@ demo-deps:
 demo: demo-deps
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh --without-helm) $(OPERATOR_PY) -m tests.cluster.demo
 
-test: python-env engine-env bench-env cluster-bins
+test: python-env operator-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
@@ -54,7 +54,7 @@ test-day2: python-env engine-env bench-env cluster-bins
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests/cluster/day_two -v --durations=15
 
 # Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
-unit: python-env bench-env
+unit: python-env operator-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
 # Every generated table of docs/: the figures the tests recorded (docs/figures/*.json) and
