@@ -53,7 +53,7 @@ test: python-env operator-env engine-env bench-env cluster-bins
 test-day2: python-env engine-env bench-env cluster-bins
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests/cluster/day_two -v --durations=15
 
-# Only the Python environment: no Go-built binary (control plane, helm, promtool), no GPU.
+# Only the Python environments: no Go-built binary (control plane, helm, promtool), no GPU.
 unit: python-env operator-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
