@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,13 +34,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from tests.cluster.pod_process import SYSTEM_PATH
+
 POD_NETWORK = ipaddress.ip_network("198.18.0.0/15")   # RFC 2544's range: never routed
 BRIDGE = "longctx-pods"
 BRIDGE_IP = "198.18.0.1"
 STATE_DIR = Path("/run/longctx-harness")   # the bridge lock and the pod IP registry
-IP = "/usr/sbin/ip" if os.path.exists("/usr/sbin/ip") else "/sbin/ip"
-NSENTER = "/usr/bin/nsenter"
-NETNS_GONE_TIMEOUT = 30.0
+IP = shutil.which("ip", path=SYSTEM_PATH)
+NSENTER = shutil.which("nsenter", path=SYSTEM_PATH)
+NETNS_GONE_TIMEOUT = 30.0   # for a pod's processes to exit and its veth to go
 
 
 class PodNetworkError(RuntimeError):
@@ -115,6 +118,10 @@ class PodNetwork:
     def open(self) -> None:
         """Creates the bridge with BRIDGE_IP unless another session already did, and
         registers this runner as one of its users."""
+        if IP is None or NSENTER is None:
+            raise PodNetworkError("the loopback kubelet's pod network needs iproute2's `ip` "
+                                  "and util-linux's `nsenter`: apt-get install iproute2 "
+                                  "util-linux")
         with _machine_lock():
             self.user.parent.mkdir(parents=True, exist_ok=True)
             self.user.touch()
@@ -189,17 +196,25 @@ class PodNetwork:
 
     def detach(self, uid: str, netns: int | None, timeout: float = NETNS_GONE_TIMEOUT) -> bool:
         """After the pod's processes were stopped: SIGKILLs, by PID, whatever still runs in
-        its network namespace (a child that left its container's process group), then waits
-        until the kernel has removed the namespace and with it the veth pair. False if the
-        veth outlived `timeout` (the pod's IP must then not be reused)."""
-        if netns is not None and netns != HOST_NETNS:
-            for pid in pids_in_netns(netns):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        its network namespace (a child that left its container's process group), waits for
+        those PIDs to exit, then deletes the veth pair. The namespace itself may outlive
+        them a while (the kernel keeps it for the retransmissions of sockets closed to peers
+        already gone), but without `eth0` it holds no address. False if a process or the
+        veth outlived `timeout`: the pod's IP must then not be reused."""
         deadline = time.monotonic() + timeout
+        if netns is not None and netns != HOST_NETNS:
+            while pids := pids_in_netns(netns):
+                if time.monotonic() > deadline:
+                    return False
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.05)
         veth = Path(f"/sys/class/net/{veth_name(uid)}")
+        if veth.exists():
+            subprocess.run([IP, "link", "del", veth.name], capture_output=True, timeout=20)
         while veth.exists():
             if time.monotonic() > deadline:
                 return False

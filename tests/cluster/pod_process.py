@@ -312,6 +312,26 @@ def start_sandbox(hostname: str, volumes: dict[str, Volume], log: Path) -> subpr
     return proc
 
 
+ETC_HOSTS = "etc-hosts.kubelet"   # not a DNS label: no volume of a pod can have this name
+
+
+def etc_hosts(pod_dir: Path, ip: str, hostname: str) -> Volume:
+    """The kubelet's /etc/hosts for a pod: its hostname resolves to its IP."""
+    path = pod_dir / "etc-hosts"
+    path.write_text("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"
+                    "::1\tlocalhost ip6-localhost ip6-loopback\n"
+                    f"{ip}\t{hostname}\n")
+    return Volume(path)
+
+
+def with_etc_hosts(c: dict) -> dict:
+    """The container with the pod's /etc/hosts mounted, unless it mounts one itself."""
+    mounts = c.get("volumeMounts", [])
+    if any(m["mountPath"].rstrip("/") == "/etc/hosts" for m in mounts):
+        return c
+    return {**c, "volumeMounts": [*mounts, {"name": ETC_HOSTS, "mountPath": "/etc/hosts"}]}
+
+
 def mount_script(c: dict, volumes: dict[str, Volume]) -> list[str]:
     """The bash lines that bind-mount the container's volumeMounts, parents before children.
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.cluster.pod_network import BRIDGE_IP, PodNetworkError, netns_inode
-from tests.cluster.pod_process import (PodSetupError, container_env, expand, mount_script,
-                                       prepare_volumes, run_probe, start_container,
-                                       start_sandbox, stop_process)
+from tests.cluster.pod_process import (ETC_HOSTS, PodSetupError, container_env, etc_hosts,
+                                       expand, mount_script, prepare_volumes, run_probe,
+                                       start_container, start_sandbox, stop_process,
+                                       with_etc_hosts)
 
 if TYPE_CHECKING:
     from tests.cluster.pod_runner import PodRunner
@@ -147,14 +148,14 @@ class PodWorker:
 
     def _stop_sandbox(self) -> None:
         """Stops the sandbox and whatever still runs in the pod's network namespace; the
-        pod's IP may be reused once the namespace and its veth pair are gone."""
+        pod's IP may be reused once those processes have exited and its veth pair is gone."""
         if self.sandbox:
             stop_process(self.sandbox, 0)
             self.sandbox = None
         self.network_gone = self.runner.network.detach(self.uid, self.netns)
         if not self.network_gone:
-            print(f"[pod-runner] pod {self.ns}/{self.name}: its network namespace outlived "
-                  f"its processes; its IP {self.ip} stays reserved", file=sys.stderr)
+            print(f"[pod-runner] pod {self.ns}/{self.name}: a process or the veth of its "
+                  f"network outlived the stop; its IP {self.ip} stays reserved", file=sys.stderr)
         self.netns = None
 
     def _run(self) -> None:
@@ -194,6 +195,7 @@ class PodWorker:
             if self.sandbox is None:
                 self.volumes = prepare_volumes(self.runner.kube, self.pod, self.dir,
                                                self.runner.volume_map)
+                self.volumes[ETC_HOSTS] = etc_hosts(self.dir, self.ip, pod_hostname(self.pod))
                 self.sandbox = start_sandbox(pod_hostname(self.pod), self.volumes,
                                              self.dir / "sandbox.log")
                 self.netns = netns_inode(self.sandbox.pid)
@@ -274,7 +276,7 @@ class PodWorker:
         if not argv:
             raise PodSetupError("CreateContainerError", f'container "{run.name}": no command '
                                 "and the image has no entrypoint")
-        mounts = mount_script(c, self.volumes)
+        mounts = mount_script(with_etc_hosts(c), self.volumes)
         log = self.dir / "logs" / f"{run.name}.log"
         run.log_offset = log.stat().st_size if log.exists() else 0
         run.proc = start_container(self.sandbox.pid, argv, env,

@@ -217,13 +217,15 @@ def test_pods_bind_the_wildcard_address_each_in_its_own_network(cluster, runner,
              f"    socket.create_connection(('127.0.0.1', {api}), 2); print('HOST LOOPBACK')\n"
              "except OSError:\n"
              "    print('OWN LOOPBACK')\n"
-             f"socket.create_connection(('{BRIDGE_IP}', {api}), 2); print('API AT BRIDGE')\n")
+             f"socket.create_connection(('{BRIDGE_IP}', {api}), 2); print('API AT BRIDGE')\n"
+             "print(socket.gethostbyname(socket.gethostname()))\n")   # the pod's /etc/hosts
     create(cluster, namespace, pod("peer", ["python3", "-c", probe], restartPolicy="Never"))
     p = wait_pod(cluster, runner, namespace, "peer",
                  lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "peer to end")
     out = runner.log_path(namespace, "peer", "main").read_text()
     assert p["status"]["phase"] == "Succeeded", out
-    assert out.splitlines() == ["PEER b'wild-b'", "OWN LOOPBACK", "API AT BRIDGE"], out
+    assert out.splitlines() == ["PEER b'wild-b'", "OWN LOOPBACK", "API AT BRIDGE",
+                                p["status"]["podIP"]], out
     # Nothing is routed off the machine: the harness never turns forwarding on.
     assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
 
