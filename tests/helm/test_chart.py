@@ -251,9 +251,7 @@ def _operator_facts() -> dict:
     import sys
 
     code = ("import json\n"
-            "from longctx_core.contract import KINDS\n"
-from longctx_operator.kinds import MANAGED_KINDS, WATCHED_KINDS
-from longctx_operator import kinds
+            "from longctx_operator.kinds import KINDS, MANAGED_KINDS, WATCHED_KINDS\n"
             "from longctx_operator.controller.builders.picker import picker_rules\n"
             "print(json.dumps({'picker_rules': picker_rules(),\n"
             "    'managed': [(k.api_version, k.kind) for k in MANAGED_KINDS],\n"
