@@ -111,3 +111,11 @@ def test_the_real_engine_and_control_plane_tables_label_each_figure(docs):
         "admission denial", {"retry_delays_s": [2, 4], "converged_s": 1.8})
     assert "| admission denial | retry delays (s) 2, 4; converged after 1.8 s |" in \
         (docs / "reliability.md").read_text()
+
+
+def test_every_generated_table_is_what_its_recorded_figures_give():
+    """The tables between `<!-- figures:NAME -->` markers are what docs/figures/*.json
+    generate (tests/figures.py): a table edited by hand, or figures recorded without their
+    tables, fail here."""
+    stale = figures.stale()
+    assert not stale, f"generated tables that differ from their JSON: {stale}; run `make figures`"
