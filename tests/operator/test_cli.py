@@ -73,14 +73,19 @@ def test_crd_command_prints_the_committed_crd():
     assert out.stdout == (REPO / "crds" / "longctx.dev_longcontextdeployments.yaml").read_text()
 
 
-def test_plain_plan_is_the_capacity_table_plus_one_performance_line():
+def test_plain_plan_is_the_capacity_table_plus_performance_and_threshold_lines():
     from longctx_core.api import spec as api
     from longctx_core.sizing import performance, planner
-    from longctx_core.sizing.plan_report import render_performance_line, render_table
+    from longctx_core.sizing.decider import disaggregation_report
+    from longctx_core.sizing.plan_report import (render_disaggregation, render_performance_line,
+                                                 render_table)
 
     spec = api.load_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    from longctx_operator.controller.routers import router_for
+
     expected = render_table(planner.plan(spec)) + render_performance_line(
-        performance.summary_at_max_context(spec))
+        performance.summary_at_max_context(spec)) + render_disaggregation(
+        disaggregation_report(spec), spec.router.type, router_for(spec).decides_disaggregation)
     out = longctx("plan", "-f", str(EXAMPLE))
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected + "\n"
