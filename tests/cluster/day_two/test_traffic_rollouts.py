@@ -50,6 +50,27 @@ PREFILL_EDIT = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT, "extraArgs
     "decode": ["--max-num-seqs", "64"], "prefill": ["--max-num-seqs", "8"]}}}
 ROUTER_EDIT = {**PREFILL_EDIT, "router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
 TWO_PREFILL = {**ROUTER_EDIT, "prefill": {"replicas": 2}}
+NOTHING_LOST = "nothing: no request failed or cut off"
+# Each case, its test and what the test requires of the clients (docs/reliability.md).
+CASES = [
+    ("scale-down of prefill from 2 pods to 1 under traffic", "test_scale_down_under_traffic",
+     f"{NOTHING_LOST}, the drain ended early"),
+    ("engine image upgrade (Surge) under traffic", "test_engine_image_upgrade_under_traffic",
+     f"{NOTHING_LOST}, each answer from one revision's pair"),
+    ("decode-only edit, one pod per role, under traffic",
+     "test_single_pod_edit_under_traffic[decode-edit0]",
+     f"{NOTHING_LOST}: the decode pod is replaced beside, never restarted in place"),
+    ("prefill-only edit, one pod per role, under traffic",
+     "test_single_pod_edit_under_traffic[prefill-edit1]",
+     f"{NOTHING_LOST}: the prefill pod is replaced beside, never restarted in place"),
+    ("router edit (its image) under traffic", "test_router_edit_under_traffic", NOTHING_LOST),
+    ("node drain (kubectl drain) under traffic", "test_node_drain_under_traffic",
+     f"{NOTHING_LOST}: the single pods and the router move first"),
+    ("operator upgrade that renders differently, under traffic",
+     "test_operator_upgrade_under_traffic", NOTHING_LOST),
+    ("scale-up of prefill from 1 pod to 2 under traffic", "test_scale_up_under_traffic",
+     NOTHING_LOST),
+]
 FIGURES = Figures("traffic-rollouts", "traffic")
 
 
