@@ -40,7 +40,7 @@ NAMESPACED = {
 }
 # Cluster-scoped reads: Kopf's CRD scan and the PodMonitor CRD check; the planner's node list.
 CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): ("get", "list", "watch"),
-             ("", "nodes"): ("get", "list")}
+             ("", "nodes"): ("get", "list", "watch")}
 
 
 def expand(table: dict) -> set[tuple[str, str, str]]:
@@ -235,7 +235,7 @@ def test_no_wildcards_and_no_escalation_verbs(render):
                                     "deletecollection"), (resource, verb)
                 assert resource not in ("secrets", "clusterroles",
                                         "clusterrolebindings"), resource
-                assert resource != "nodes" or verb in ("get", "list"), (resource, verb)
+                assert resource != "nodes" or verb in ("get", "list", "watch"), (resource, verb)
                 if verb in ("create", "patch", "delete"):  # writes: only what it owns
                     assert resource not in ("longcontextdeployments",
                                             "customresourcedefinitions", "namespaces"), resource
