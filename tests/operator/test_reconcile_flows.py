@@ -182,3 +182,37 @@ def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
     calls.update(plan=0, render=0)
     run(fake)
     assert calls == {"plan": 1, "render": 2}, calls
+
+
+def test_the_old_revision_outlives_an_old_router_pod_still_shutting_down(monkeypatch):
+    """A router pod of the old template, still terminating, serves whoever holds its
+    address: the old revision stays until it is gone, though its engines are idle."""
+    from longctx_operator.controller import engine_load
+    monkeypatch.setattr(engine_load, "pod_idle", lambda pod, timeout=0: True)
+    fake = FakeCluster(nodes=[node("node-a")])
+    cr = deploy(fake)
+    cr["spec"]["rollout"] = {"drainSeconds": 300}
+    old = steady(fake)
+    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
+        decode=["--max-num-seqs", "3"]))
+    run(fake)
+    fake.ready()
+    assert "RolloutSwitched" in reasons(run(fake))
+    fake.ready()
+    fake.objects[("Pod", NS, "tiny-router-old")] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "tiny-router-old", "namespace": NS,
+            "deletionTimestamp": "2026-12-04T00:00:00Z",
+            "labels": {**contract.selector_labels(NAME, contract.ROUTER_COMPONENT),
+                       contract.PAIRING_LABEL: old}}, "spec": {"nodeName": "node-a"}}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for seconds in (0, 6, 12):   # idle at looks more than 5 s apart
+        monkeypatch.setattr(reconcile_module, "_utcnow",
+                            lambda s=seconds: now + datetime.timedelta(seconds=s))
+        assert "RolloutDrained" not in reasons(run(fake))
+    assert old in revisions(fake)
+    del fake.objects[("Pod", NS, "tiny-router-old")]
+    monkeypatch.setattr(reconcile_module, "_utcnow",
+                        lambda: now + datetime.timedelta(seconds=18))
+    drained = [m for _, r, m in run(fake).events if r == "RolloutDrained"]
+    assert drained and "held no request" in drained[0] and old not in revisions(fake)

@@ -158,7 +158,18 @@ class VllmRouter(Router):
     def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
         desired = {"spec": {"template": {"metadata": {"labels": {
             contract.PAIRING_LABEL: revision}}}}}
-        return vllm_router.rolled_out(desired, self._live(kube, cr))
+        if not vllm_router.rolled_out(desired, self._live(kube, cr)):
+            return False
+        # An old router pod still shutting down serves whoever still holds its address: the
+        # revision it discovers must outlive it.
+        return all((p["metadata"].get("labels") or {}).get(contract.PAIRING_LABEL) == revision
+                   for p in self._pods(kube, cr))
+
+    def _pods(self, kube: Cluster, cr: dict[str, Any]) -> list[dict[str, Any]]:
+        meta = cr["metadata"]
+        return kube.list_raw(kinds.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
+            f"{k}={v}" for k, v in contract.selector_labels(
+                meta["name"], contract.ROUTER_COMPONENT).items())).get("items") or []
 
     def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                   pods: list[str]) -> bool:
@@ -176,9 +187,7 @@ class VllmRouter(Router):
         if not cordoned:
             return []
         meta = cr["metadata"]
-        pods = kube.list_raw(kinds.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
-            f"{k}={v}" for k, v in contract.selector_labels(meta["name"], contract.ROUTER_COMPONENT).items()))
-        nodes = sorted({p["spec"].get("nodeName") for p in pods.get("items") or []
+        nodes = sorted({p["spec"].get("nodeName") for p in self._pods(kube, cr)
                         if (p.get("spec") or {}).get("nodeName") in cordoned
                         and not p["metadata"].get("deletionTimestamp")})
         if not nodes:
