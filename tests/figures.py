@@ -249,6 +249,20 @@ def control_plane(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+def first_run(sources: dict[str, Cases]) -> list[str]:
+    """Each recorded first run (tools/measure-first-run.sh): its steps, its total and CPU."""
+    (cases,) = sources.values()
+    lines = [row("run", "step", "time"), row("---", "---", "---:")]
+    for case, f in cases.items():
+        for step, took in f.get("steps (s)", {}).items():
+            lines.append(row(cell(case), cell(step), seconds(took)))
+        total = (f"{seconds(f['total (s)'])}, {cell(f.get('CPU (s)'))} CPU-seconds"
+                 if f.get("total (s)") is not None else f"unfinished: {cell(f.get('unfinished'))}")
+        lines.append(row(cell(case), f"all, load average {cell(f.get('load average at start'))}"
+                         " at the start", total))
+    return lines
+
+
 @dataclass(frozen=True)
 class Table:
     doc: str                        # under docs/
@@ -270,6 +284,8 @@ TABLES = {
     "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
     "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),
+    "first-run": Table("control-plane.md", ("first-run",), first_run,
+                       "`tools/measure-first-run.sh TARGET...`"),
 }
 
 

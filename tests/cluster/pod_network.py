@@ -69,6 +69,9 @@ def veth_name(uid: str) -> str:
 
 
 def _ip_batch(commands: list[str], netns_pid: int | None = None) -> None:
+    if IP is None or NSENTER is None:
+        raise PodNetworkError("the loopback kubelet's pod networks need `ip` (Debian package "
+                              "iproute2) and `nsenter` (util-linux), run as root")
     argv = [IP, "-batch", "-"]
     if netns_pid is not None:
         argv = [NSENTER, f"--target={netns_pid}", "--net", "--", *argv]
