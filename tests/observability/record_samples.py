@@ -147,6 +147,22 @@ class RawStream:
         }
 
 
+def served_again(router: str, first_seed: int, tries: int = 10) -> list[dict]:
+    """Short requests through the router, 3 s apart, until one is served whole; what each
+    got (the last one served)."""
+    attempts: list[dict] = []
+    while True:
+        attempt = RawStream(router, chat(words(200, seed=first_seed + len(attempts)), 8),
+                            120).start()
+        attempt.join(125)
+        attempts.append(attempt.outcome())
+        if attempts[-1]["usage_chunk"] and not attempts[-1]["error_events"]:
+            return attempts
+        if len(attempts) >= tries:
+            raise RuntimeError(f"not served again after {tries} requests: {attempts}")
+        time.sleep(3)
+
+
 def dechunk(body: bytes) -> tuple[bytes, bool]:
     """The data of an HTTP/1.1 chunked body, and whether its terminating zero-size chunk
     arrived (a body cut off mid-chunk keeps what did arrive)."""
@@ -243,17 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         save("decode", "side-channel-unreachable")
 
         # 2. Served again through the router.
-        attempts = []
-        while True:
-            attempt = RawStream(url["router"], chat(words(200, seed=2 + len(attempts)), 8),
-                                120).start()
-            attempt.join(125)
-            attempts.append(attempt.outcome())
-            if attempts[-1]["usage_chunk"] and not attempts[-1]["error_events"]:
-                break
-            if len(attempts) >= 10:
-                raise RuntimeError(f"not served again after 10 requests: {attempts}")
-            time.sleep(3)
+        attempts = served_again(url["router"], first_seed=2)
         log("healthy", attempts=len(attempts), failed=[a["error_events"] for a in attempts[:-1]],
             client=attempts[-1])
         time.sleep(2)
@@ -293,17 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         save("router", "decode-killed")
         start_engine("decode", "decode-restarted")
         procs.wait_ok(["decode-restarted"], {"decode-restarted": url["decode"] + "/health"}, 600)
-        attempts = []
-        while True:
-            attempt = RawStream(url["router"], chat(words(200, seed=5 + len(attempts)), 8),
-                                120).start()
-            attempt.join(125)
-            attempts.append(attempt.outcome())
-            if attempts[-1]["usage_chunk"] and not attempts[-1]["error_events"]:
-                break
-            if len(attempts) >= 10:
-                raise RuntimeError(f"not served after the restart: {attempts}")
-            time.sleep(3)
+        attempts = served_again(url["router"], first_seed=5)
         log("decode-restarted", attempts=len(attempts), client=attempts[-1])
         time.sleep(2)
         save("decode", "restarted")
