@@ -170,6 +170,7 @@ class State:
     retries = Retries()
     wakeups = Wakeups()
     phases: dict[tuple[str, str], str] = {}
+    cordoned: set[str] = set()   # the nodes last seen unschedulable
     rollouts: dict[tuple[str, str], str] = {}
 
 
@@ -336,11 +337,17 @@ def _fault_seen(namespace: str, name: str) -> None:
 
 
 def _node_changed(name: str) -> None:
-    """A node changed (a cordon, say): reconcile the CRs with engine pods on it, whose
-    only pod of a role may have to move (controller/replacement.py)."""
+    """A node was cordoned or uncordoned: reconcile the CRs with engine pods on it, whose
+    only pod of a role may have to move (controller/replacement.py). Its other changes
+    (status heartbeats) reconcile nothing."""
     caches, context = State.caches, State.kopf_context
     if caches is None or context is None:
         return
+    node = caches.nodes_store.get("", name)
+    cordoned = bool(((node or {}).get("spec") or {}).get("unschedulable"))
+    if cordoned == (name in State.cordoned):
+        return
+    (State.cordoned.add if cordoned else State.cordoned.discard)(name)
     for key in {(p["metadata"]["namespace"], p["metadata"]["labels"][contract.INSTANCE_LABEL])
                 for p in caches.pods_on(name)
                 if (p["metadata"].get("labels") or {}).get(contract.INSTANCE_LABEL)}:
