@@ -49,7 +49,7 @@ from longctx_core import contract  # noqa: E402
 from longctx_core.api.spec import load_spec  # noqa: E402
 from longctx_core.launcher.launch import fill  # noqa: E402
 from longctx_core.sizing.cpu_costs import DATA_FILE  # noqa: E402
-from longctx_core.sizing.roles import role_plan  # noqa: E402
+from longctx_core.plan.roles import role_plan  # noqa: E402
 from longctx_core.vllm_config.recipes import launch_document  # noqa: E402
 from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
 

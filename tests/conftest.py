@@ -115,7 +115,7 @@ class Cluster:
 def revision_of(cr: dict) -> str:
     """The revision (NIXL pairing key) a CR's spec deploys."""
     from longctx_core.api.spec import load_spec
-    from longctx_core.vllm_config.revision import pairing_key
+    from longctx_core.plan.revision import pairing_key
     return pairing_key(load_spec(cr["spec"]))
 
 

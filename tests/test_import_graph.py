@@ -96,3 +96,29 @@ def test_no_import_cycles():
         " <-> ".join(c) + " (" + ", ".join(f"{a} imports {b}" for a in c
                                            for b in sorted(graph[a] & set(c))) + ")"
         for c in found)
+
+
+def package_of(module: str) -> str:
+    """The subpackage a module belongs to (longctx_core.sizing), or the module itself when
+    it sits at a package's top (longctx_core.contract)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_import_cycles_between_packages():
+    """Packages, not only modules: sizing, plan, vllm_config, launcher, controller, runtime
+    and the others form layers, so each can be read and tested without those above it."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        graph.setdefault(package_of(name), set()).update(
+            package_of(m) for m in imports(name, path, known))
+    for package, edges in graph.items():
+        edges.discard(package)
+    found = cycles(graph)
+    assert not found, "package import cycles: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(
+            f"{a}.{m.rpartition('.')[2]} imports {b}" for a in c for b in c if a != b
+            for m, p in known.items() if package_of(m) == a
+            and any(package_of(i) == b for i in imports(m, p, known))) + ")"
+        for c in found)

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from longctx_core.api import spec as api
-from longctx_core.sizing.rules import RecipeError
+from longctx_core.plan.rules import RecipeError
 from longctx_core.api.schema import SpecError
 
 from longctx_operator.bench import command as bench_command
@@ -79,7 +79,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> int:
     from longctx_core.sizing.plan_report import render_table
     from longctx_core.quantity import parse_bytes
-    from longctx_core.sizing.suggest import suggest
+    from longctx_core.plan.suggest import suggest
 
     try:
         memory = None if args.node_memory is None else parse_bytes(args.node_memory,
@@ -98,7 +98,7 @@ def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> i
 
 def cmd_render(args: argparse.Namespace) -> int:
     from longctx_core.vllm_config.recipes import launch_document
-    from longctx_core.sizing.roles import serving_plan
+    from longctx_core.plan.roles import serving_plan
 
     from longctx_operator.controller.desired import desired_objects
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from longctx_core.api import spec as api
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.bench import job
 from longctx_operator.cli import read_manifest
 from tests.cluster.controlplane import REPO

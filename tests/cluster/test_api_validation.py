@@ -9,7 +9,7 @@ import json
 import pytest
 
 from longctx_core.api import spec as api
-from longctx_core.sizing import rules
+from longctx_core.plan import rules
 from tests.cluster.test_reconcile import condition, wait_ready
 from tests.engine.test_rules import CASES, expected_message
 from tests.conftest import example_cr, sts_name, wait_for

@@ -19,7 +19,7 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api import spec as api
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.desired import desired_objects
 from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.test_reconcile import children

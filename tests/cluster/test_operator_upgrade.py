@@ -11,10 +11,10 @@ import pytest
 from kopf.testing import KopfRunner
 
 from longctx_core import contract
-from longctx_core.sizing import faults, roles
+from longctx_core.plan import faults, roles
 from longctx_core.api.spec import load_spec
 from longctx_core.vllm_config.recipes import launch_document
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from tests.cluster.real_engines import EXAMPLE
 from tests.conftest import kopf_settings, wait_for
 

@@ -9,7 +9,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from longctx_core.api import spec as api
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, sts_name, wait_for

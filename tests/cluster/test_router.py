@@ -126,7 +126,7 @@ def test_serving_pods_announce_only_the_ports_they_serve(cluster, operator, name
     ports in llm-d.ai/active-ports: a PCP8 prefill pod serves one port of the eight."""
     from longctx_core import contract
     from longctx_core.api import spec as api
-    from longctx_core.sizing.roles import serving_plan
+    from longctx_core.plan.roles import serving_plan
     from longctx_operator.controller.builders import router
 
     cr = example_cr("glm")
@@ -257,8 +257,8 @@ def test_picker_offers_each_pod_only_the_ports_it_serves(cluster, operator, name
     (127.0.0.42-44), so whatever the picker dials stays on this machine."""
     from longctx_core import contract
     from longctx_core.api import spec as api
-    from longctx_core.vllm_config.revision import pairing_key
-    from longctx_core.sizing.roles import serving_plan
+    from longctx_core.plan.revision import pairing_key
+    from longctx_core.plan.roles import serving_plan
     from longctx_operator.controller.builders import router
 
     binary = upstream_picker()

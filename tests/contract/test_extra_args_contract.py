@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from longctx_core.vllm_config.extra_args import REPEATABLE_FLAGS
+from longctx_core.plan.extra_args import REPEATABLE_FLAGS
 
 
 def test_the_repeatable_flags_are_vllms_append_actions(vllm):

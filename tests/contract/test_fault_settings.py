@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_core.sizing import faults
+from longctx_core.plan import faults
 from longctx_core.sizing.hardware import H200
 from longctx_core.sizing.cost_terms import model_shape
 from longctx_core.sizing.performance import summary_at_max_context

@@ -16,14 +16,14 @@ import json
 
 import pytest
 
-from longctx_core.sizing import rules
-from longctx_core.vllm_config import extra_args
+from longctx_core.plan import rules
+from longctx_core.plan import extra_args
 from longctx_core.vllm_config.compat import pd_compatibility
-from longctx_core.sizing.roles import role_plan, serving_plan
-from longctx_core.sizing.rules import RecipeError
+from longctx_core.plan.roles import role_plan, serving_plan
+from longctx_core.plan.rules import RecipeError
 
-from .variants import VARIANTS, Variant, pod, spec_with
-from longctx_core.vllm_config.recipes import pod_command
+from .variants import VARIANTS, Variant, spec_with
+from tests.engine_pods import pod, pod_command
 
 
 def parse(vllm, argv: list[str]):

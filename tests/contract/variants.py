@@ -10,10 +10,9 @@ from typing import Any, Callable
 import yaml
 
 from longctx_core.api.spec import LongContextDeploymentSpec, load_spec
-from longctx_core.vllm_config.identity import PodIdentity
 from longctx_core.vllm_config.recipes import EngineCommand
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.vllm_config.recipes import pod_command
+from longctx_core.plan.roles import serving_plan
+from tests.engine_pods import pod, pod_command
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "glm-5.3-1m.yaml"
@@ -53,11 +52,6 @@ def seed_spec(edit: Callable[[dict], None] | None = None) -> LongContextDeployme
         if edit:
             edit(d)
     return spec_with(both)
-
-
-def pod(role: str, ordinal: int = 0, cr: str = "glm", ns: str = "llm") -> PodIdentity:
-    return PodIdentity(cr_name=cr, namespace=ns, pod_name=f"{cr}-{role}-{ordinal}",
-                       ordinal=ordinal, pod_ip=f"10.1.{0 if role == 'prefill' else 1}.{ordinal + 7}")
 
 
 def _dp8_prefill(d: dict) -> None:

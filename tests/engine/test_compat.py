@@ -7,9 +7,9 @@ import json
 
 from longctx_core.vllm_config.compat import hma_problem, pd_compatibility
 from longctx_core.vllm_config.recipes import EngineCommand
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.vllm_config.recipes import pod_command
-from tests.contract.variants import pod, seed_spec as spec_with
+from longctx_core.plan.roles import serving_plan
+from tests.engine_pods import pod, pod_command
+from tests.contract.variants import seed_spec as spec_with
 
 
 def pair(p_edit=None, d_edit=None):

@@ -13,8 +13,8 @@ from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import load_spec
 from longctx_core.sizing.planner import plan
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.sizing.rules import problems
+from longctx_core.plan.roles import serving_plan
+from longctx_core.plan.rules import problems
 from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import REPO
 

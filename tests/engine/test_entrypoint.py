@@ -16,7 +16,7 @@ from longctx_core.launcher import entrypoint, launch
 from longctx_core.contract import CONFIG_DIR, launch_key
 from longctx_core.launcher.precheck import HostProbe
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import EXAMPLE, REPO, seed_spec as spec_with
 

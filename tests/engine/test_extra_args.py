@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from longctx_core.sizing import rules
+from longctx_core.plan import rules
 from tests.contract.variants import spec_with
 
 

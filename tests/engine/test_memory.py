@@ -12,9 +12,8 @@ import pytest
 from longctx_core.api import role_types as api_roles, schema
 from longctx_core import quantity
 from longctx_core.sizing import kv_sizing, memory, models, planner
-from longctx_core.vllm_config.identity import PodIdentity
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.vllm_config.recipes import pod_command
+from longctx_core.plan.roles import serving_plan
+from tests.engine_pods import pod, pod_command
 from tests.engine.planner_support import ONE_M, spec_with
 
 GLM = models.PRESETS["glm-5.3"]
@@ -47,8 +46,9 @@ def test_auto_holds_exactly_the_declared_requests_and_no_less_pool_would(request
     assert kv_sizing.hisparse_host_requests(GLM, pool, ONE_M) == requests
     assert kv_sizing.hisparse_host_requests(GLM, pool - page, ONE_M) == requests - 1
     plan = planner.plan(spec)
-    assert plan.decode.hisparse["hostPoolGiBPerRank"] == round(pool / quantity.GiB, 2)
-    assert plan.decode.hisparse["hostPoolRequestsPerRank"] == requests
+    assert plan.decode.hisparse.host_pool_bytes == pool
+    assert plan.decode.hisparse.host_pool_requests == requests
+    assert plan.decode.to_json()["hiSparse"]["hostPoolGiBPerRank"] == round(pool / quantity.GiB, 2)
 
 
 def test_the_pod_memory_and_host_pool_gib_read_the_resolved_pool():
@@ -58,17 +58,12 @@ def test_the_pod_memory_and_host_pool_gib_read_the_resolved_pool():
     assert decode.memory.hisparse_per_rank == pool
     explicit = serving_plan(spec_with(decode={"hiSparse": {"hostPoolPerRank": str(pool)}}))
     assert explicit.decode.memory == decode.memory
-    argv = pod_command(decode, _first_decode_pod()).argv
+    argv = pod_command(decode, pod("decode")).argv
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     (hisparse,) = [c for c in config["kv_connector_extra_config"]["connectors"]
                    if c["kv_connector"] == "HiSparseConnector"]
     # vLLM reads the pool as int(host_pool_gib * 2**30) (vllm/v1/hisparse/layout.py).
     assert int(hisparse["kv_connector_extra_config"]["host_pool_gib"] * 2**30) == pool
-
-
-def _first_decode_pod() -> PodIdentity:
-    return PodIdentity(cr_name="glm", namespace="llm", pod_name="glm-decode-0", ordinal=0,
-                       pod_ip="10.1.1.7")
 
 
 def test_a_too_small_pool_is_refused_with_the_least_that_fits():

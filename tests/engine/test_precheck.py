@@ -9,7 +9,7 @@ from longctx_core.launcher import precheck
 from longctx_core.launcher.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
                                      check_shm, check_vllm_version, run_prechecks)
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_core.vllm_config.recipes import launch_document
 from tests.contract.variants import seed_spec as spec_with
 

@@ -10,13 +10,12 @@ import sys
 import pytest
 
 from longctx_core import contract
-from longctx_core.sizing import rules
-from longctx_core.vllm_config.identity import PodIdentity
+from longctx_core.plan import rules
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import role_plan, serving_plan
-from longctx_core.sizing.rules import RecipeError
-from longctx_core.vllm_config.recipes import pod_command
-from tests.contract.variants import REPO, pod, seed_spec as spec_with
+from longctx_core.plan.roles import role_plan, serving_plan
+from longctx_core.plan.rules import RecipeError
+from tests.engine_pods import pod, pod_command
+from tests.contract.variants import REPO, seed_spec as spec_with
 
 TARGET_PREFILL = (
     "vllm serve zai-org/GLM-5.3-FP8 --served-model-name glm-5.3 --port 8000 "
@@ -242,19 +241,6 @@ def test_allowed_extra_args_pass():
 def test_bad_role():
     with pytest.raises(RecipeError, match="role"):
         pod_command(serving_plan(spec_with()).role("encode"), pod("decode"))
-
-
-def test_pod_identity_from_env():
-    env = {"POD_NAME": "glm-decode-3", "POD_NAMESPACE": "prod", "POD_IP": "10.0.0.9"}
-    p = PodIdentity.from_env("glm", "default", "decode", env)
-    assert (p.pod_name, p.namespace, p.ordinal, p.pod_ip) == ("glm-decode-3", "prod", 3,
-                                                               "10.0.0.9")
-    with pytest.raises(RecipeError, match="POD_IP"):
-        PodIdentity.from_env("glm", "default", "decode", {"POD_NAME": "glm-decode-0"})
-    with pytest.raises(RecipeError, match="ordinal"):
-        PodIdentity.from_env("glm", "default", "decode", {"POD_NAME": "glm", "POD_IP": "1.2.3.4"})
-    loose = PodIdentity.from_env("glm", "ns", "prefill", {}, strict=False)
-    assert (loose.pod_name, loose.ordinal, loose.namespace) == ("glm-prefill-0", 0, "ns")
 
 
 def test_pvc_model_is_linked_not_renamed():

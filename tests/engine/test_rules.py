@@ -9,7 +9,7 @@ import celpy
 import pytest
 
 from longctx_core.api import spec as api
-from longctx_core.sizing import rules
+from longctx_core.plan import rules
 from longctx_core.api.schema import Rule
 from tests.contract.variants import seed_spec, spec_with
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from longctx_core.sizing import scaling
 from longctx_core.sizing.layout import role_layout
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from tests.contract.variants import spec_with
 
 

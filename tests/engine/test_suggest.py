@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from longctx_core.sizing import suggest
+from longctx_core.plan import suggest
 from longctx_core.quantity import GiB
-from longctx_core.sizing.rules import problems
+from longctx_core.plan.rules import problems
 from longctx_operator import cli
 from tests.engine.planner_support import EXAMPLE, spec_with
 

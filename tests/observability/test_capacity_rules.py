@@ -62,8 +62,8 @@ def test_capacity_signal_from_recorded_vllm_metrics(tmp_path):
     spec = _spec()
     capacity = capacity_plan(spec)
     host, gpu = autoscaling.slots_per_rank(capacity)
-    assert (host, gpu) == (capacity.decode.hisparse["hostPoolRequestsPerRank"],
-                           capacity.decode.hisparse["gpuRequestsPerRank"])
+    assert (host, gpu) == (capacity.decode.hisparse.host_pool_requests,
+                           capacity.decode.hisparse.gpu_requests)
     assert 1 < host < gpu, (host, gpu)  # both tiers matter below
     ranks = range(8)
     host_usage = {e: e / 8 for e in ranks}                # rank 0 empty .. rank 7 7/8 full

@@ -18,9 +18,8 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api import spec as api
-from longctx_core.vllm_config.identity import PodIdentity
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.vllm_config.recipes import pod_command
+from longctx_core.plan.roles import serving_plan
+from tests.engine_pods import Pod, pod_command
 from longctx_operator.controller.desired import desired_objects
 from tests.helm.chart import by_kind, documents, helm_binary, template_text
 
@@ -155,9 +154,10 @@ def test_every_vllm_rank_of_both_roles_and_the_picker_are_scraped(name):
     assert len(targets) == len(expected), "a port is scraped twice"
 
 
-def _first_pod(cr: dict[str, Any], workload: str) -> PodIdentity:
-    return PodIdentity.first(cr["metadata"]["name"], cr["metadata"]["namespace"],
-                             workload.split("/", 1)[1])
+def _first_pod(cr: dict[str, Any], workload: str) -> Pod:
+    """Pod 0 of a workload ("StatefulSet/<name>")."""
+    return Pod(cr["metadata"]["name"], cr["metadata"]["namespace"],
+               contract.pod(workload.split("/", 1)[1], 0), "0.0.0.0")
 
 
 def test_no_picker_monitor_without_the_router():

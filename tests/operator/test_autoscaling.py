@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from longctx_core import contract
 from longctx_core.sizing.planner import plan as capacity_plan
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders import autoscaling
 from longctx_operator.controller.builders.engine import pod_monitor
 from longctx_operator.controller.desired import desired_objects

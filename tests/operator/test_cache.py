@@ -7,7 +7,7 @@ import json
 import threading
 
 from longctx_core import contract
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.runtime.cache import Reflector, Store
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches

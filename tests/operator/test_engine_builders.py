@@ -10,7 +10,7 @@ import yaml
 
 from longctx_core.api.spec import load_spec
 from longctx_core.quantity import parse_bytes
-from longctx_core.sizing.roles import role_plan, serving_plan
+from longctx_core.plan.roles import role_plan, serving_plan
 from longctx_operator.controller.builders.engine import (pod_monitor, revision_objects,
                                               shared_engine_objects)
 
@@ -127,7 +127,7 @@ def test_pdb_per_role_and_pod_monitor():
 
 
 def test_both_roles_carry_one_pairing_key_that_follows_the_engine_version():
-    from longctx_core.vllm_config.revision import pairing_key
+    from longctx_core.plan.revision import pairing_key
     from longctx_operator.controller.routers import router_for
     from longctx_core.contract import PAIRING_LABEL
 

@@ -10,7 +10,7 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders.engine import (engine_security_context, pod_security_level,
                                               revision_objects)
 from longctx_operator.controller.builders.network_policy import OPERATOR_LABELS, network_policy

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from longctx_core import contract
-from longctx_core.vllm_config.revision import pairing_key
-from longctx_core.sizing.roles import serving_plan
-from longctx_core.sizing.rules import RecipeError
+from longctx_core.plan.revision import pairing_key
+from longctx_core.plan.roles import serving_plan
+from longctx_core.plan.rules import RecipeError
 from longctx_core.vllm_config.recipes import launch_document
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.engine_documents import check_pair

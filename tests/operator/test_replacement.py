@@ -10,7 +10,7 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders.engine import pod_disruption_budget, revision_objects
 from longctx_operator.controller.replacement import cordoned, plan_for_revision
 from longctx_operator.controller.rollout import group_revisions

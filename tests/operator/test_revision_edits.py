@@ -11,7 +11,7 @@ import pytest
 
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller import rollout
 from longctx_operator.controller.builders.engine import revision_objects
 from tests.conftest import example_cr

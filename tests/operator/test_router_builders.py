@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from longctx_core.vllm_config.revision import pairing_key
+from longctx_core.plan.revision import pairing_key
 from longctx_core import contract
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders import router
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.routers import router_for

@@ -12,7 +12,7 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
-from longctx_core.sizing.roles import serving_plan
+from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders import vllm_router
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_a_leaving_router_pod_serves_what_it_holds_for_the_request_timeout():
 def test_router_pods_follow_the_engines_or_their_own_placement():
     import copy
     from longctx_core.api.spec import load_spec
-    from longctx_core.sizing.roles import serving_plan
+    from longctx_core.plan.roles import serving_plan
     from longctx_operator.controller.routers import router_for
 
     def pod_spec(cr, kind="Deployment"):

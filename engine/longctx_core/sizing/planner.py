@@ -51,6 +51,29 @@ def _ceil_gi(value: int) -> str:
 
 
 @dataclass(frozen=True)
+class HiSparseCapacity:
+    """What one decode rank's HiSparse holds. The pool is spec.decode.hiSparse.hostPoolPerRank
+    with `auto` resolved (memory.hisparse_pool_per_rank); without HiSparse only the least
+    pool that would hold one max-context request is known."""
+
+    enabled: bool
+    host_pool_min_bytes: int        # vLLM's least host_pool_gib for one max-context request
+    host_pool_bytes: int = 0
+    host_pool_requests: int = 0     # max-context requests the host pool holds
+    gpu_bytes_per_request: int = 0  # indexer keys at full length plus the hot buffer
+    gpu_requests: int = 0           # requests the GPU's KV budget holds
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.enabled:
+            return {"enabled": False, "hostPoolMinGiBPerRank": gib(self.host_pool_min_bytes)}
+        return {"enabled": True, "hostPoolGiBPerRank": gib(self.host_pool_bytes),
+                "hostPoolMinGiBPerRank": gib(self.host_pool_min_bytes),
+                "hostPoolRequestsPerRank": self.host_pool_requests,
+                "gpuGiBPerRequest": gib(self.gpu_bytes_per_request),
+                "gpuRequestsPerRank": self.gpu_requests}
+
+
+@dataclass(frozen=True)
 class RoleCapacity:
     role: str
     layout: Layout
@@ -63,7 +86,7 @@ class RoleCapacity:
     crossover_tokens: Optional[int]
     cpu_offload_bytes_per_rank: int
     cpu_offload_tokens_per_rank: int
-    hisparse: Optional[dict[str, Any]] = None
+    hisparse: Optional[HiSparseCapacity] = None
     refusal: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
@@ -86,7 +109,7 @@ class RoleCapacity:
             "cpuOffloadTokens": self.cpu_offload_tokens_per_rank * self.layout.ranks,
         }
         if self.hisparse is not None:
-            out["hiSparse"] = dict(self.hisparse)
+            out["hiSparse"] = self.hisparse.to_json()
         return out
 
 
@@ -246,7 +269,7 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
     offload = parse_bytes(spec.decode.cpuOffloadPerRank, "spec.decode.cpuOffloadPerRank")
     heads = heads_per_gpu(arch, layout)
     refusal: Optional[str] = None
-    hisparse: Optional[dict[str, Any]]
+    hisparse: HiSparseCapacity
     min_pool = hisparse_min_pool_bytes(arch, tokens, dtype)
     if hs.enabled:
         pool = hisparse_pool_per_rank(spec)
@@ -277,21 +300,17 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
                 + _hisparse_gpu_fix(spec, arch, bpt, budget.kv))
         if problems:
             refusal = "; ".join(problems) + "."
-        hisparse = {
-            "enabled": True,
-            "hostPoolGiBPerRank": gib(pool),
-            "hostPoolMinGiBPerRank": gib(min_pool),
-            "hostPoolRequestsPerRank": host_requests,
-            "gpuGiBPerRequest": gib(gpu_per_request),
-            "gpuRequestsPerRank": gpu_requests,
-        }
+        hisparse = HiSparseCapacity(
+            enabled=True, host_pool_min_bytes=min_pool, host_pool_bytes=pool,
+            host_pool_requests=host_requests, gpu_bytes_per_request=gpu_per_request,
+            gpu_requests=gpu_requests)
         # With HiSparse the OffloadingConnector offloads only the indexer group.
         offload_bpt = bpt.indexer + arch.mtpLayers * models.indexer_row_bytes(arch)
     else:
         need = kv_bytes_per_gpu(bpt, tokens, layout)
         fits = _fits_budget(need, budget)
         per_rank = budget.kv // need if fits and budget.kv is not None else 0
-        hisparse = {"enabled": False, "hostPoolMinGiBPerRank": gib(min_pool)}
+        hisparse = HiSparseCapacity(enabled=False, host_pool_min_bytes=min_pool)
         offload_bpt = bpt.total
         if budget.kv is None:
             refusal = _unknown_budget_refusal("decode", need)

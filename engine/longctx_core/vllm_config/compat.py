@@ -18,9 +18,9 @@ import json
 from typing import Any, Callable, Optional
 
 from longctx_core import contract
-from longctx_core.vllm_config.extra_args import parse_flags
+from longctx_core.plan.extra_args import parse_flags
 from longctx_core.vllm_config.recipes import EngineCommand, canonical_kv_cache_dtype
-from longctx_core.vllm_config.revision import HANDSHAKE_FACTORS
+from longctx_core.plan.revision import HANDSHAKE_FACTORS
 
 
 # Legacy MTP method names vLLM rewrites to "mtp" (speculative.py:1246-1250).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from longctx_core.sizing import cpu_platform
 from longctx_core.launcher.launch import Requirement
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import RolePlan
+from longctx_core.plan.roles import RolePlan
 
 
 def _gib(n: float) -> str:

@@ -18,10 +18,9 @@ from longctx_core import contract
 from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.vllm_config.host_requirements import host_requirements
-from longctx_core.vllm_config.identity import PodIdentity
-from longctx_core.launcher.launch import PLACEHOLDERS, LaunchDocument, fill
+from longctx_core.launcher.launch import PLACEHOLDERS, LaunchDocument
 from longctx_core.quantity import GiB
-from longctx_core.sizing.roles import RolePlan
+from longctx_core.plan.roles import RolePlan
 
 POD_IP, STATEFULSET, START_RANK, LEADER_ORDINAL, NIXL_PORT = PLACEHOLDERS
 
@@ -201,12 +200,3 @@ def launch_document(plan: RolePlan, cr_name: str, namespace: str) -> LaunchDocum
         nixl_base_port=plan.spec.kvTransfer.sideChannelPort,
         requirements=host_requirements(plan), preflight=plan.spec.engine.preflight,
         workdir=cmd.workdir, model_links=cmd.symlinks)
-
-
-def pod_command(plan: RolePlan, pod: PodIdentity) -> EngineCommand:
-    """The `vllm serve` argv and env of one pod: its launch document, filled as the
-    launcher fills it."""
-    doc = launch_document(plan, pod.cr_name, pod.namespace)
-    filled = fill(doc, pod.pod_name, pod.pod_ip)
-    return EngineCommand(argv=filled.argv, env=filled.env, workdir=doc.workdir,
-                         symlinks=doc.model_links)

@@ -209,7 +209,7 @@ def _sweep(args: argparse.Namespace, out: Path) -> int:
 
 
 def _render_or_create(args: argparse.Namespace) -> int:
-    from longctx_core.sizing.roles import serving_plan
+    from longctx_core.plan.roles import serving_plan
 
     from longctx_operator.manifests import ManifestDumper
     from longctx_operator.bench import job

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from longctx_core import contract
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.routers import router_for
 

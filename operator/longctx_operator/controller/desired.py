@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from longctx_core.sizing.planner import plan as capacity_plan
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.autoscaling import autoscaling_objects
 from longctx_operator.controller.builders.engine import pod_monitor, revision_objects, shared_engine_objects

@@ -9,7 +9,7 @@ import datetime
 from typing import Any, Optional
 
 from longctx_core import contract
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller import rollout
 from longctx_operator.controller.routers import router_for

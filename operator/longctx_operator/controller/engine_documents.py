@@ -10,8 +10,8 @@ from longctx_core import contract
 from longctx_core.vllm_config.compat import pd_compatibility
 from longctx_core.launcher.launch import LaunchDocument, LaunchError, fill, parse
 from longctx_core.vllm_config.recipes import EngineCommand
-from longctx_core.sizing.roles import ServingPlan
-from longctx_core.sizing.rules import RecipeError
+from longctx_core.plan.roles import ServingPlan
+from longctx_core.plan.rules import RecipeError
 
 from longctx_operator.controller.cluster import Cluster
 from longctx_operator.controller.rendering import document

@@ -20,8 +20,8 @@ from longctx_core.sizing import placement
 from longctx_core.sizing.host_memory import NodeMemory
 from longctx_core.sizing.planner import plan as plan_capacity
 from longctx_core.quantity import parse_bytes
-from longctx_core.sizing.roles import ServingPlan, serving_plan
-from longctx_core.sizing.rules import RecipeError
+from longctx_core.plan.roles import ServingPlan, serving_plan
+from longctx_core.plan.rules import RecipeError
 from longctx_core.sizing.scaling import scale_status
 from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan

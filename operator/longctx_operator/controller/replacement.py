@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from longctx_core import contract
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.engine import statefulset
 from longctx_operator.controller.drift import matches

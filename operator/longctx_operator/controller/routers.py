@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from longctx_core import contract
 from longctx_core.api import spec as api
-from longctx_core.sizing.roles import RolePlan, ServingPlan
+from longctx_core.plan.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders import picker, vllm_router
 from longctx_operator.controller.builders.router import (llmd_objects, pod_annotations,

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import pytest
 
 from longctx_core import contract
-from longctx_core.sizing import faults, roles
+from longctx_core.plan import faults, roles
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
 from tests.cluster.real_engines import ENGINE_IMAGE_NEXT, ROUTER_IMAGE_NEXT, chat, words
 from tests.cluster.traffic import PodCounters, RouterEndpoint, Traffic

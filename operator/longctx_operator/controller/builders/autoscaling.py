@@ -26,7 +26,7 @@ from typing import Any
 
 from longctx_core import contract
 from longctx_core.sizing.planner import CapacityPlan
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 from longctx_operator import kinds
 
 ADMITTABLE = "longctx:decode_admittable_requests"   # the capacity signal
@@ -65,9 +65,9 @@ def slots_per_rank(capacity: CapacityPlan) -> tuple[int | None, int]:
     """Max-context requests one decode rank holds: (host pool, GPU); host is None without
     HiSparse, where the GPU's KV alone bounds a rank."""
     decode = capacity.decode
-    hisparse = decode.hisparse or {}
-    if hisparse.get("enabled"):
-        return hisparse["hostPoolRequestsPerRank"], hisparse["gpuRequestsPerRank"]
+    hisparse = decode.hisparse
+    if hisparse is not None and hisparse.enabled:
+        return hisparse.host_pool_requests, hisparse.gpu_requests
     kv = decode.budget.kv or 0
     return None, kv // decode.kv_bytes_per_gpu if decode.kv_bytes_per_gpu else 0
 

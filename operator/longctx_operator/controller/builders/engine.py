@@ -10,7 +10,7 @@ from typing import Any
 from longctx_core import contract
 from longctx_core.sizing import cpu_platform
 from longctx_core.quantity import format_bytes
-from longctx_core.sizing.roles import RolePlan, ServingPlan
+from longctx_core.plan.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.routers import router_for

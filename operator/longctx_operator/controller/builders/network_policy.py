@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from longctx_core import contract
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 
 def _ports(ports: list[int]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from longctx_core import contract
-from longctx_core.sizing.roles import RolePlan, ServingPlan
+from longctx_core.plan.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.picker import (POOL_API_VERSION, POOL_GROUP, picker_objects, restricted_container_security,
                      router_meta)

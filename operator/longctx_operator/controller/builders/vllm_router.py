@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from longctx_core import contract
-from longctx_core.sizing.roles import ServingPlan
+from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.router_placement import router_placement
 

@@ -20,7 +20,7 @@ from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.sizing.placement import required_labels
 from longctx_core.sizing.host_memory import NodeMemory
 from longctx_core.sizing.planner import CapacityPlan, plan
-from longctx_core.sizing.rules import problems
+from longctx_core.plan.rules import problems
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from longctx_core import contract
-from longctx_core.vllm_config.extra_args import parse_flags
+from longctx_core.plan.extra_args import parse_flags
 
 
 @dataclass(frozen=True)

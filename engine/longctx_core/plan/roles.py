@@ -12,12 +12,12 @@ from typing import Any, Optional
 
 from longctx_core import contract
 from longctx_core.api.spec import LongContextDeploymentSpec, dump_spec, load_spec
-from longctx_core.vllm_config.revision import pairing_key
-from longctx_core.sizing.faults import FaultSettings, fault_settings
+from longctx_core.plan.revision import pairing_key
+from longctx_core.plan.faults import FaultSettings, fault_settings
 from longctx_core.sizing.layout import EnginePorts, Layout, engine_ports, role_layout
 from longctx_core.sizing.performance import summary_at_max_context
 from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
-from longctx_core.sizing.rules import RecipeError, validate
+from longctx_core.plan.rules import RecipeError, validate
 from longctx_core.launcher.launch import LaunchDocument
 
 

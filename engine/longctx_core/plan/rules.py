@@ -17,7 +17,7 @@ from typing import Any, Optional
 from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import NAME_RULE, LongContextDeploymentSpec
 from longctx_core.contract import ROLES
-from longctx_core.vllm_config.extra_args import extra_args_problems
+from longctx_core.plan.extra_args import extra_args_problems
 from longctx_core.sizing.layout import role_layout
 from longctx_core.sizing.memory import pod_memory
 from longctx_core.quantity import AUTO, parse_bytes
