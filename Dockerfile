@@ -22,7 +22,7 @@ ARG BENCH_PYTHON_IMAGE=python:3.12.12-slim-bookworm
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY engine/ engine/
+COPY core/ core/
 COPY operator/ operator/
 COPY kernels/ kernels/
 # setuptools (the lock's version) builds the wheel itself; no `wheel` package is needed.

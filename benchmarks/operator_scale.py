@@ -9,7 +9,7 @@ API writes per CR at creation and at steady state, the operator's resident memor
 process's CPU and their sum over the machine's cores (the shortest the burst could last there),
 and the API server's busiest requests per CR (every client's, by resource and verb).
 
-    PYTHONPATH=engine:operator:. python benchmarks/operator_scale.py [--crs 100]
+    PYTHONPATH=core:operator:. python benchmarks/operator_scale.py [--crs 100]
 
 CRs use replicas 0 for both roles so that N CRs do not need 16·N simulated GPUs: every
 child object is still created and watched; only the pods are absent.
@@ -36,7 +36,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
+sys.path[:0] = [str(REPO), str(REPO / "core"), str(REPO / "operator")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_operator.runtime.kube import Kube, KubeError, collection_path  # noqa: E402
@@ -199,7 +199,7 @@ def main() -> int:
         cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         cp.kubectl("create", "namespace", NAMESPACE)
         env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-               "PYTHONPATH": f"{REPO / 'engine'}:{REPO / 'operator'}"}
+               "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"}
         operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
         metrics_port = operator.metrics_port
         time.sleep(5)

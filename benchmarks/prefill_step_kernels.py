@@ -1,5 +1,5 @@
 """The kernels of one PCP8 x EP8 prefill step of a 2K-token chunk, at their own shapes, on one H200:
-the efficiencies the performance model reads (engine/longctx_core/sizing/hardware.py).
+the efficiencies the performance model reads (core/longctx_core/sizing/hardware.py).
 
 Per GPU the chunk is 256 query tokens (2048 / PCP8). Each kernel is timed with CUDA events
 (median of repeats, inputs larger than L2 or rotated), and set against its floor, the larger of

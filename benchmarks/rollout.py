@@ -6,7 +6,7 @@ For Surge and Recreate with 1 and 2 replicas per role, an image upgrade of the e
 capacity over time as a text chart, then zero-capacity seconds, time to switch, time to
 drain and GPUs held at peak, beside what each strategy promises.
 
-    PYTHONPATH=engine:operator:. python benchmarks/rollout.py [--load-seconds 10]
+    PYTHONPATH=core:operator:. python benchmarks/rollout.py [--load-seconds 10]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "engine"), str(REPO / "operator")]
+sys.path[:0] = [str(REPO), str(REPO / "core"), str(REPO / "operator")]
 
 from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.manifests import model_volume  # noqa: E402

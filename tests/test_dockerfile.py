@@ -357,7 +357,7 @@ def test_console_script_targets_exist():
     for name, target in SCRIPTS.items():
         module, func = target.split(":")
         top = module.split(".")[0]
-        folder = {"longctx_core": "engine", "longctx_operator": "operator",
+        folder = {"longctx_core": "core", "longctx_operator": "operator",
                   "longctx_kernels": "kernels"}[top]
         path = REPO / folder / (module.replace(".", "/") + ".py")
         if name == "longctx-kernels" and not path.exists():

@@ -80,7 +80,7 @@ def test_the_operator_and_the_demo_run_in_the_operator_environment():
     proc = subprocess.run([str(python), "-c", IMPORT_CLOSURE], capture_output=True, text=True,
                           cwd=REPO, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              str(REPO / d) for d in ("engine", "operator", ""))})
+                              str(REPO / d) for d in ("core", "operator", ""))})
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

@@ -11,7 +11,7 @@ import pytest
 from longctx_core.api import spec as api
 from longctx_core.plan import rules
 from tests.cluster.test_reconcile import condition, wait_ready
-from tests.engine.test_rules import CASES, expected_message
+from tests.core.test_rules import CASES, expected_message
 from tests.conftest import example_cr, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -27,7 +27,7 @@ def set_path(cr: dict, path: str, value) -> None:
 
 def seed_cr(name: str, edit) -> dict:
     """The example CR with the seed's decode pools and one case's edit, as
-    tests.engine.test_rules builds its spec."""
+    tests.core.test_rules builds its spec."""
     cr = example_cr(name)
     cr["spec"]["decode"]["hiSparse"]["hostPoolPerRank"] = "48Gi"
     cr["spec"]["decode"]["cpuOffloadPerRank"] = "16Gi"

@@ -13,7 +13,7 @@ import pytest
 
 from longctx_core.api import spec as api
 from tests.conftest import example_cr, wait_for
-from tests.engine import test_rules
+from tests.core import test_rules
 
 pytestmark = pytest.mark.cluster
 
@@ -56,7 +56,7 @@ def extra(*items: str, role: str = "decode") -> Edit:
 
 def seed(edit: Edit) -> Edit:
     """A rule table case's edit of the spec, on the seed's decode pools (as
-    tests/engine/test_rules.py builds its specs)."""
+    tests/core/test_rules.py builds its specs)."""
     def whole(cr: dict) -> None:
         cr["spec"]["decode"]["hiSparse"]["hostPoolPerRank"] = "48Gi"
         cr["spec"]["decode"]["cpuOffloadPerRank"] = "16Gi"
@@ -181,7 +181,7 @@ CASES: list[Case] = [
     Case("flag-and-its-negation", DUPLICATES,
          extra("--enable-chunked-prefill", "--no-enable-chunked-prefill", role="prefill"),
          "spec.engine.extraArgs.prefill[1]", PLANNER, "Accepted"),
-    # -- every cross-field rule of the API (the same cases as tests/engine/test_rules.py)
+    # -- every cross-field rule of the API (the same cases as tests/core/test_rules.py)
     *[Case(f"rule-{case[0]}", CROSS, seed(case[1]), case[2]) for case in test_rules.CASES],
     Case("rule-kv-capacity", CROSS, spec("prefill.contextParallel", {"prefill": 8, "decode": 1}),
          "spec.prefill", PLANNER, "CapacityPlanned"),

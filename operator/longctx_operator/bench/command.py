@@ -80,7 +80,7 @@ def bench_env() -> Path:
 
 def in_bench_env(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "operator"), str(REPO / "engine")]
+        [str(REPO / "operator"), str(REPO / "core")]
         + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     return subprocess.run([str(bench_env() / "bin" / "python"), "-m",
                            "longctx_operator.bench.bench_env_tasks", *argv],

@@ -11,7 +11,7 @@ from longctx_core.plan import suggest
 from longctx_core.quantity import GiB
 from longctx_core.plan.rules import problems
 from longctx_operator import cli
-from tests.engine.planner_support import EXAMPLE, spec_with
+from tests.core.planner_support import EXAMPLE, spec_with
 
 
 @pytest.mark.parametrize("gpus, memory", [(8, None), (8, 2048 * GiB), (16, 2048 * GiB)])

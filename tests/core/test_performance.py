@@ -13,7 +13,7 @@ from longctx_core.sizing import (cost_terms, hardware, kv_sizing, models, perfor
 from longctx_core.sizing.hardware import H200
 from longctx_core.sizing.plan_report import render_performance_line
 
-from tests.engine.planner_support import DP8_PREFILL, example_spec, spec_with
+from tests.core.planner_support import DP8_PREFILL, example_spec, spec_with
 
 K = 1024
 ONE_M = 1 << 20

@@ -10,7 +10,7 @@ from longctx_core.api import model_types as api_model
 from longctx_core.quantity import GiB
 from longctx_core.sizing import kv_sizing
 from longctx_core.sizing.layout import Layout
-from tests.engine.planner_support import GLM, K, ONE_M
+from tests.core.planner_support import GLM, K, ONE_M
 
 
 def test_bytes_per_token_is_54728():

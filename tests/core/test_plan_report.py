@@ -9,7 +9,7 @@ import pytest
 from longctx_core.sizing import planner
 from longctx_core.sizing.plan_report import render_json, render_table
 
-from tests.engine.planner_support import DP8_PREFILL, example_spec, spec_with
+from tests.core.planner_support import DP8_PREFILL, example_spec, spec_with
 
 
 @pytest.fixture

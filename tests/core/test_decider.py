@@ -18,7 +18,7 @@ from longctx_core.sizing.decider import (ALWAYS, PREFIX_BASED, Turn, crossover, 
                                          disaggregation_report, priced_context, threshold,
                                          turn_pricer)
 from longctx_operator.controller.builders.picker import picker_config
-from tests.engine.planner_support import DP8_PREFILL, REPO, spec_with
+from tests.core.planner_support import DP8_PREFILL, REPO, spec_with
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 

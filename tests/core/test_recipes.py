@@ -264,7 +264,7 @@ def test_engine_package_imports_neither_vllm_nor_torch():
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": str(REPO / "engine")})
+                       env={"PYTHONPATH": str(REPO / "core")})
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -274,7 +274,7 @@ def test_launcher_imports_no_planner_model_or_api():
     code = ("import sys, json; import longctx_core.launcher.entrypoint; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('longctx_'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": str(REPO / "engine")})
+                       env={"PYTHONPATH": str(REPO / "core")})
     assert r.returncode == 0, r.stderr
     loaded = set(json.loads(r.stdout))
     assert loaded == {"longctx_core", "longctx_core.contract", "longctx_core.launcher", "longctx_core.launcher.entrypoint",
@@ -289,7 +289,7 @@ def test_operator_package_imports_neither_vllm_nor_torch():
     code = (f"import sys; import longctx_operator; {imports}; "
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
-    path = ":".join(str(REPO / d) for d in ("engine", "operator"))
+    path = ":".join(str(REPO / d) for d in ("core", "operator"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={"PYTHONPATH": path})
     assert r.returncode == 0, r.stdout + r.stderr

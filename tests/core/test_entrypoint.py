@@ -144,7 +144,7 @@ def test_cli_dry_run_prints_what_render_wrote(tmp_path):
         doc.write_text(r.stdout)
         r = subprocess.run([sys.executable, "-m", "longctx_core.launcher.entrypoint", "run",
                             str(doc), "--dry-run"], capture_output=True, text=True,
-                           env={"PYTHONPATH": str(REPO / "engine"), "PATH": os.environ["PATH"]})
+                           env={"PYTHONPATH": str(REPO / "core"), "PATH": os.environ["PATH"]})
         assert r.returncode == 0, r.stderr
         parsed = launch.parse(doc.read_text())
         filled = launch.fill(parsed, f"glm-{role}-0", "127.0.0.1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from longctx_core.sizing import host_memory, placement, planner
-from tests.engine.planner_support import offered_value, spec_with
+from tests.core.planner_support import offered_value, spec_with
 
 
 def _node(name: str, memory: str, gpu_mib: str | None = None, **labels: str) -> host_memory.NodeMemory:

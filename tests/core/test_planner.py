@@ -13,7 +13,7 @@ from longctx_core.api import spec as api
 from longctx_core.sizing import planner
 from longctx_core.api.spec import load_spec
 from longctx_core.quantity import GiB
-from tests.engine.planner_support import (DP8_PREFILL, GLM, K, ONE_M, example_spec, offered_value,
+from tests.core.planner_support import (DP8_PREFILL, GLM, K, ONE_M, example_spec, offered_value,
                                           spec_with)
 
 

@@ -29,7 +29,7 @@ No published byte size of the GLM-5.3-FP8 checkpoint was available, so both
 presets' sizes are *derived* from the geometry above by `_fp8_weight_bytes`:
 every linear weight in FP8 (1 byte), embeddings and LM head in BF16; norms,
 router gates and FP8 block scales (~0.5%) are left out. The derivation is
-checked against published figures in tests/engine/test_models.py: with an
+checked against published figures in tests/core/test_models.py: with an
 indexer in every layer it gives 753.7B parameters for GLM-5 (model card:
 753.9B), and 638 GiB for DeepSeek-V3.2 (its FP8 checkpoint is listed at
 about 642 GiB / 685.4B parameters).

@@ -14,7 +14,7 @@ from longctx_core import quantity
 from longctx_core.sizing import kv_sizing, memory, models, planner
 from longctx_core.plan.roles import serving_plan
 from tests.engine_pods import pod, pod_command
-from tests.engine.planner_support import ONE_M, spec_with
+from tests.core.planner_support import ONE_M, spec_with
 
 GLM = models.PRESETS["glm-5.3"]
 
