@@ -160,22 +160,24 @@ def test_an_engine_that_died_is_reported_once():
 
 
 def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
+    """Every capacity plan built anywhere (the reconcile, the picker's prefix index, the
+    capacity rules) is counted, for an llm-d CR whose picker and rules read the plan."""
     from longctx_core.sizing import planner
     from longctx_operator.controller import rendering
     calls = {"plan": 0, "render": 0}
-    real_plan, real_render = planner.plan, rendering.launch_document
+    real_init, real_render = planner.CapacityPlan.__init__, rendering.launch_document
 
-    def plan(*args, **kw):
+    def plan_init(self, *args, **kw):
         calls["plan"] += 1
-        return real_plan(*args, **kw)
+        real_init(self, *args, **kw)
 
     def render(*args, **kw):
         calls["render"] += 1
         return real_render(*args, **kw)
-    monkeypatch.setattr(reconcile_module, "plan_capacity", plan)
+    monkeypatch.setattr(planner.CapacityPlan, "__init__", plan_init)
     monkeypatch.setattr(rendering, "launch_document", render)
     fake = FakeCluster(nodes=[node("node-a")])
-    deploy(fake)
+    deploy(fake, router={"type": "llm-d"})
     steady(fake)
     edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
         decode=["--max-num-seqs", "3"]))     # a replacement: the most a reconcile renders

@@ -16,6 +16,7 @@ from longctx_core.plan.revision import pairing_key
 from longctx_core.plan.faults import FaultSettings, fault_settings
 from longctx_core.sizing.layout import EnginePorts, Layout, engine_ports, role_layout
 from longctx_core.sizing.performance import summary_at_max_context
+from longctx_core.sizing.planner import CapacityPlan, plan as capacity_plan
 from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
 from longctx_core.plan.rules import RecipeError, validate
 from longctx_core.launcher.launch import LaunchDocument
@@ -57,6 +58,7 @@ class ServingPlan:
     spec: LongContextDeploymentSpec
     prefill: RolePlan
     decode: RolePlan
+    capacity: CapacityPlan      # the capacity plan (sizing/planner.py) the builders read
     # The performance model at maxContextTokens (None for an explicit architecture).
     prediction: Optional[dict[str, Any]] = None
 
@@ -98,17 +100,22 @@ def role_plan(spec: LongContextDeploymentSpec, role: str,
                     faults=faults or fault_settings(spec))
 
 
-def serving_plan(spec: LongContextDeploymentSpec, cr_name: str | None = None) -> ServingPlan:
-    """The plan of a valid spec; raises rules.RecipeError naming every problem."""
+def serving_plan(spec: LongContextDeploymentSpec, cr_name: str | None = None,
+                 capacity: CapacityPlan | None = None) -> ServingPlan:
+    """The plan of a valid spec; raises rules.RecipeError naming every problem. `capacity`:
+    the capacity plan already made for the spec (the operator's, with the nodes' memory)."""
     validate(spec, cr_name)
-    faults, prediction = _priced(json.dumps(dump_spec(spec), sort_keys=True))
+    capacity = capacity or capacity_plan(spec)
+    faults, prediction = _priced(json.dumps(dump_spec(spec), sort_keys=True),
+                                 capacity.decode.max_concurrent)
     return ServingPlan(spec, *(role_plan(spec, role, faults) for role in contract.ROLES),
-                       prediction=prediction)
+                       capacity=capacity, prediction=prediction)
 
 
 @functools.lru_cache(maxsize=256)
-def _priced(spec_json: str) -> tuple[FaultSettings, Optional[dict[str, Any]]]:
-    """What the performance model says of a spec, once per distinct spec (it is pure, and
-    the dearest part of a plan: every reconcile of an unchanged CR reuses it)."""
+def _priced(spec_json: str, held: int) -> tuple[FaultSettings, Optional[dict[str, Any]]]:
+    """What the performance model says of a spec whose decode role holds `held` max-context
+    requests, once per distinct spec (it is pure, and the dearest part of a plan: every
+    reconcile of an unchanged CR reuses it)."""
     spec = load_spec(json.loads(spec_json))
-    return fault_settings(spec), summary_at_max_context(spec)
+    return fault_settings(spec), summary_at_max_context(spec, held=held)

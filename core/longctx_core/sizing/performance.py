@@ -129,12 +129,15 @@ def predict(spec: LongContextDeploymentSpec, workload: Workload,
 
 
 def summary_at_max_context(spec: LongContextDeploymentSpec,
-                           hardware: Optional[HardwareProfile] = None) -> Optional[dict[str, Any]]:
+                           hardware: Optional[HardwareProfile] = None,
+                           held: Optional[int] = None) -> Optional[dict[str, Any]]:
     """The prediction at maxContextTokens for status.plan: a whole max-context prompt from
     scratch, its KV transfer, and decode at that context with as many requests as the decode
-    role holds (at least one). None when the model cannot price the architecture."""
+    role holds (at least one; `held`: from the spec's capacity plan when the caller has it).
+    None when the model cannot price the architecture."""
     tokens = spec.maxContextTokens
-    held = _held_at(spec, tokens)
+    if held is None:
+        held = _held_at(spec, tokens)
     return predict(spec, Workload(prompt_tokens=tokens, concurrency=max(held, 1)), hardware)
 
 

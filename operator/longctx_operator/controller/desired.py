@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from longctx_core.sizing.planner import plan as capacity_plan
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.autoscaling import autoscaling_objects
@@ -33,6 +32,6 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
         if router_monitor is not None:
             objects.append(router_monitor)
     if with_capacity_rules or plan.spec.autoscaling is not None:
-        objects += autoscaling_objects(cr, plan, capacity_plan(plan.spec),
+        objects += autoscaling_objects(cr, plan, plan.capacity,
                                        with_rules=with_capacity_rules, with_keda=with_keda)
     return objects

@@ -117,7 +117,7 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         if not capacity.fits:
             refusal = Refusal("CapacityPlanned", capacity.reason, capacity.refusal or "")
         else:
-            plan = rendered(cr, serving_plan(spec, name))
+            plan = rendered(cr, serving_plan(spec, name, capacity))
             check_pair(*(role.document for role in plan.roles))
     except (SpecError, RecipeError) as exc:
         refusal = Refusal("Accepted", "InvalidSpec", str(exc))

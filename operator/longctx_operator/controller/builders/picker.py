@@ -5,13 +5,14 @@ Deployment. Also the names the pool and the decode sidecar share with it (router
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
 from longctx_core import contract
 from longctx_core.api import spec as api
 from longctx_core.sizing.decider import PREFIX_BASED, decider
+from longctx_core.sizing.planner import CapacityPlan
 from longctx_core.sizing.prefix_index import prefix_index
 
 from longctx_operator.controller.builders.digest import content_digest
@@ -54,13 +55,14 @@ def restricted_container_security() -> dict[str, Any]:
 # ---------------------------------------------------------------- picker config
 
 
-def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
+def picker_config(spec: api.LongContextDeploymentSpec,
+                  capacity: Optional[CapacityPlan] = None) -> dict[str, Any]:
     """The EndpointPickerConfig (llm-d.ai/v1alpha1): decode-first P/D with approximate prefix
     routing. Field names follow llm-d-router apix/config/v1alpha1 and each plugin's parameter
     struct; the picker decodes both strictly."""
     router = spec.router
     # Sized from the capacity plan unless the CR sets them (longctx_core.sizing.prefix_index).
-    index = prefix_index(spec)
+    index = prefix_index(spec, capacity)
     # auto: the threshold the performance model derives for the layout (sizing/decider.py).
     chosen = decider(spec)
     decider_type = chosen.decider
@@ -112,11 +114,12 @@ def picker_config(spec: api.LongContextDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def picker_config_text(spec: api.LongContextDeploymentSpec) -> str:
+def picker_config_text(spec: api.LongContextDeploymentSpec,
+                       capacity: Optional[CapacityPlan] = None) -> str:
     """The config file content, byte-for-byte stable for one spec (its hash restarts the picker)."""
     # libyaml's emitter: PyYAML's pure-Python one was a tenth of the operator's CPU at a
     # burst of new CRs.
-    return yaml.dump(picker_config(spec), Dumper=yaml.CSafeDumper, sort_keys=False,
+    return yaml.dump(picker_config(spec, capacity), Dumper=yaml.CSafeDumper, sort_keys=False,
                      default_flow_style=False)
 
 
@@ -274,10 +277,10 @@ def _picker_rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def picker_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec
-                   ) -> list[dict[str, Any]]:
+def picker_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
+                   capacity: CapacityPlan) -> list[dict[str, Any]]:
     """The picker's ConfigMap, ServiceAccount, Role, RoleBinding, Service and Deployment."""
-    text = picker_config_text(spec)
+    text = picker_config_text(spec, capacity)
     return [_picker_configmap(cr, text), *_picker_rbac(cr), _picker_service(cr),
             _picker_deployment(cr, spec, text)]
 

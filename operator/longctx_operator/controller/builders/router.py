@@ -93,7 +93,7 @@ def llmd_objects(cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[di
     """Every llm-d router object of a CR (owner reference and router labels on each), the
     pool selecting the `serving` revision."""
     spec = plan.spec
-    objects = [inference_pool(cr, plan, serving), *picker_objects(cr, spec)]
+    objects = [inference_pool(cr, plan, serving), *picker_objects(cr, spec, plan.capacity)]
     if spec.router.gateway is not None:
         objects.append(_http_route(cr, plan))
     return objects
