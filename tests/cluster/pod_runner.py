@@ -8,8 +8,9 @@ the pods of every other node.
         ...  # create pods with nodeSelector longctx.dev/loopback=true (and its toleration)
         print(runner.logs("ns", "pod"))
 
-What it substitutes for a real node is listed in docs/test-harness.md. The per-pod
-processes, volumes, environment and probes are in tests/cluster/pod_process.py; the
+What it substitutes for a real node is listed in docs/test-harness.md. A pod's
+processes and probes are in tests/cluster/pod_process.py, its volumes in pod_volumes.py, its
+environment in pod_env.py; the
 pod lifecycle (container restarts, status, deletion) in tests/cluster/pod_worker.py; the
 pod network (a namespace and veth per pod on the harness's bridge) in
 tests/cluster/pod_network.py.
@@ -34,7 +35,8 @@ from typing import Any
 
 from tests.cluster.pod_network import POD_NETWORK, ApiRelay, PodNetwork, node_pod_cidr
 from tests.cluster.pod_process import SYSTEM_PATH, PodSetupError
-from tests.cluster.pod_worker import HOST_IP, PodWorker, delete_pod, now, pod_hostname
+from tests.cluster.pod_status import HOST_IP, now
+from tests.cluster.pod_worker import PodWorker, delete_pod, pod_hostname
 
 
 def log(message: str) -> None:

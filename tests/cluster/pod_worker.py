@@ -13,26 +13,22 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.pod_network import BRIDGE_IP, PodNetworkError, netns_inode
-from tests.cluster.pod_process import (ETC_HOSTS, PodSetupError, container_env, etc_hosts,
-                                       expand, mount_script, prepare_volumes, run_probe,
-                                       start_container, start_sandbox, stop_process,
+from tests.cluster.pod_network import PodNetworkError, netns_inode
+from tests.cluster.pod_env import container_env, expand
+from tests.cluster.pod_process import (PodSetupError, run_probe, start_container, start_sandbox,
+                                       stop_process)
+from tests.cluster.pod_status import (HOST_IP, ContainerRun, PodConditions, log_tail,
+                                      now)
+from tests.cluster.pod_volumes import (ETC_HOSTS, etc_hosts, mount_script, prepare_volumes,
                                        with_etc_hosts)
 
 if TYPE_CHECKING:
     from tests.cluster.pod_runner import PodRunner
 
-HOST_IP = BRIDGE_IP    # the node's address as its pods see it
-MINE = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 PROBE_DEFAULTS = {"initialDelaySeconds": 0, "periodSeconds": 10, "timeoutSeconds": 1,
                   "successThreshold": 1, "failureThreshold": 3}
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def pod_hostname(pod: dict) -> str:
@@ -51,28 +47,6 @@ def delete_pod(kube: Any, pod: dict) -> None:
         if getattr(exc, "code", None) not in (404, 409):
             print(f"[pod-runner] deleting {meta['namespace']}/{meta['name']}: {exc!r}",
                   file=sys.stderr)
-
-
-class ContainerRun:
-    """One container's state as the kubelet reports it."""
-
-    def __init__(self, spec: dict, kind: str):
-        self.spec, self.kind, self.name = spec, kind, spec["name"]   # kind: init|sidecar|main
-        self.state: dict = {"waiting": {"reason": "PodInitializing" if kind == "main"
-                                        else "ContainerCreating"}}
-        self.last_state: dict = {}
-        self.restarts, self.started, self.ready, self.done = 0, False, False, False
-        self.proc = None
-        self.env: dict[str, str] = {}
-        self.container_id = ""
-        self.log_offset = 0
-
-    def status(self) -> dict:
-        s = {"name": self.name, "image": self.spec.get("image", ""),
-             "imageID": f"loopback://{self.spec.get('image', '')}", "state": self.state,
-             "lastState": self.last_state, "ready": self.ready, "started": self.started,
-             "restartCount": self.restarts}
-        return {**s, "containerID": self.container_id} if self.container_id else s
 
 
 class PodWorker:
@@ -99,7 +73,7 @@ class PodWorker:
         self.network_gone = True
         self.phase, self.reason, self.message = "Pending", None, None
         self.start_time = now()
-        self.transitions: dict[str, tuple[str, str]] = {}
+        self.conditions = PodConditions()
         self.published: dict | None = None
         self.threads: list[threading.Thread] = []
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"pod-{self.name}")
@@ -196,7 +170,9 @@ class PodWorker:
                 self.volumes = prepare_volumes(self.runner.kube, self.pod, self.dir,
                                                self.runner.volume_map)
                 self.volumes[ETC_HOSTS] = etc_hosts(self.dir, self.ip, pod_hostname(self.pod))
-                self.sandbox = start_sandbox(pod_hostname(self.pod), self.volumes,
+                tmpfs = {v.path: v.tmpfs_bytes for v in self.volumes.values()
+                         if v.tmpfs_bytes is not None}
+                self.sandbox = start_sandbox(pod_hostname(self.pod), tmpfs,
                                              self.dir / "sandbox.log")
                 self.netns = netns_inode(self.sandbox.pid)
                 try:
@@ -357,46 +333,14 @@ class PodWorker:
         run.ready = run.kind == "init" and code == 0   # as the kubelet reports a finished init
         self.publish()
 
-    # -- status
-
-    def _condition(self, kind: str, ok: bool, reason: str | None, message: str | None) -> dict:
-        status = "True" if ok else "False"
-        if self.transitions.get(kind, ("",))[0] != status:
-            self.transitions[kind] = (status, now())
-        cond = {"type": kind, "status": status, "lastProbeTime": None,
-                "lastTransitionTime": self.transitions[kind][1]}
-        return {**cond, "reason": reason, "message": message} if not ok and reason else cond
-
     def status(self) -> dict:
-        terminal = self.phase in ("Succeeded", "Failed")
         if self.phase == "Pending" and self.initialized and any(
                 r.container_id for r in self.mains):
             self.phase = "Running"
-        pending_init = [r.name for r in self.inits if not (
-            r.started if r.kind == "sidecar" else r.state.get("terminated", {}).get(
-                "exitCode") == 0)]
-        unready = [r.name for r in [*self.mains, *(r for r in self.inits if r.kind == "sidecar")]
-                   if not r.ready]
-        ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
-        ready_msg = None if terminal else f"containers with unready status: [{' '.join(unready)}]"
-        mine = [self._condition("PodReadyToStartContainers", self.sandbox is not None and
-                                not terminal, None, None),
-                self._condition("Initialized", not pending_init, "ContainersNotInitialized",
-                                f"containers with incomplete status: [{' '.join(pending_init)}]"),
-                self._condition("ContainersReady", not unready and not terminal, ready_reason,
-                                ready_msg),
-                self._condition("Ready", not unready and not terminal, ready_reason, ready_msg)]
-        others = [c for c in self.pod.get("status", {}).get("conditions", [])
-                  if c["type"] not in MINE]
-        status = {"phase": self.phase, "conditions": others + mine, "hostIP": HOST_IP,
-                  "hostIPs": [{"ip": HOST_IP}], "startTime": self.start_time,
-                  "reason": self.reason, "message": self.message,
-                  "containerStatuses": [r.status() for r in self.mains]}
-        if self.ip:
-            status.update(podIP=self.ip, podIPs=[{"ip": self.ip}])
-        if self.inits:
-            status["initContainerStatuses"] = [r.status() for r in self.inits]
-        return status
+        return self.conditions.pod_status(
+            self.phase, self.sandbox is not None, self.inits, self.mains, self.ip,
+            self.pod.get("status", {}).get("conditions", []), self.start_time, self.reason,
+            self.message)
 
     def publish(self) -> None:
         """Writes the status through pods/status when it changed (a merge patch: the lists
@@ -411,14 +355,3 @@ class PodWorker:
                 self.published = status
             except Exception as exc:
                 print(f"[pod-runner] status of {self.ns}/{self.name}: {exc!r}", file=sys.stderr)
-
-
-def log_tail(path: Path, offset: int, lines: int = 80, limit: int = 2048) -> str:
-    """The kubelet's fallback termination message: the last lines of this run's log."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
-        return ""
-    return b"\n".join(data.splitlines()[-lines:])[-limit:].decode(errors="replace")
