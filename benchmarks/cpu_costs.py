@@ -204,36 +204,23 @@ def medians(samples: list[dict]) -> list[dict]:
             for _, rows in sorted(by_size.items())]
 
 
-def common_slope(xs: list[float], groups: list[list[float]]) -> tuple[float, list[float]]:
-    """Least squares of several lines with one slope (y = a_g + b x): b, and each a_g."""
-    mean_x = statistics.fmean(xs)
-    means = [statistics.fmean(ys) for ys in groups]
-    b = sum((x - mean_x) * (y - m) for ys, m in zip(groups, means) for x, y in zip(xs, ys)) \
-        / (len(groups) * sum((x - mean_x) ** 2 for x in xs))
-    return b, [m - b * mean_x for m in means]
-
-
 def costs(samples: list[dict]) -> dict:
-    """The fits the decider reads (cpu_costs.py). Both roles run the same engine on a core
-    of the same kind, so the prefill leg and decode's extension are fitted with one cost a
-    token (and a fixed cost each); each way's own slope is kept beside, as measured."""
+    """The fits the decider reads (cpu_costs.py): each way its own fixed cost and cost a
+    token, measured apart and not assumed equal although both engines run the same model on
+    cores of one kind: where decode's extension costs more a token than prefill's leg, a
+    long enough turn is worth the prefill leg's fixed costs."""
     rows = medians(samples)
     tokens = [r["computedTokens"] for r in rows]
     pulled = [r["pulledTokens"] for r in rows]
     bytes_per_token = sum(r["pulledBytes"] for r in rows) / sum(pulled)
     xfer_fixed, per_byte = fit([r["pulledBytes"] for r in rows], [r["pullSeconds"] for r in rows])
-    prefill_s = [r["prefillLegSeconds"] for r in rows]
-    direct_s = [r["directSeconds"] for r in rows]
-    per_token, (pre_fixed, dir_fixed) = common_slope(tokens, [prefill_s, direct_s])
+    pre_fixed, pre_per_token = fit(tokens, [r["prefillLegSeconds"] for r in rows])
+    dir_fixed, dir_per_token = fit(tokens, [r["directSeconds"] for r in rows])
     leg_fixed, leg_per_token = fit(pulled, [r["decodeLegSeconds"] for r in rows])
     return {
         "kvBytesPerToken": round(bytes_per_token, 1),
-        "prefill": {"fixedSeconds": pre_fixed, "perTokenSeconds": per_token,
-                    "ownFit": dict(zip(("fixedSeconds", "perTokenSeconds"),
-                                       fit(tokens, prefill_s)))},
-        "decodeExtension": {"fixedSeconds": dir_fixed, "perTokenSeconds": per_token,
-                            "ownFit": dict(zip(("fixedSeconds", "perTokenSeconds"),
-                                               fit(tokens, direct_s)))},
+        "prefill": {"fixedSeconds": pre_fixed, "perTokenSeconds": pre_per_token},
+        "decodeExtension": {"fixedSeconds": dir_fixed, "perTokenSeconds": dir_per_token},
         "decodeLeg": {"fixedSeconds": leg_fixed,
                       "perTokenSeconds": max(leg_per_token - per_byte * bytes_per_token, 0.0)},
         "kvTransfer": {"fixedSeconds": max(xfer_fixed, 0.0), "perByteSeconds": per_byte},

@@ -28,6 +28,12 @@ Cases = dict[str, dict[str, Any]]       # case -> its figures, in the order firs
 
 
 def load(name: str) -> Cases:
+    """docs/figures/<name>.json; or, for a name that is a path in the repository, a data file
+    a command writes elsewhere (the CPU calibration), as its one case."""
+    if "/" in name:
+        path = REPO / name
+        data = json.loads(path.read_text()) if path.exists() else None
+        return {"calibration": {**data, "measured": data.get("measuredAt", "?")}} if data else {}
     path = FIGURES_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -217,6 +223,29 @@ def disaggregation_threshold(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+CPU_COSTS = "core/longctx_core/sizing/data/cpu_costs.json"
+CPU_COST_ROWS = (("prefill", "prefill leg, its prefix cached there", "Token"),
+                 ("decodeExtension", "decode computing the new tokens next to its prefix",
+                  "Token"),
+                 ("decodeLeg", "decode leg after a remote prefill, less its NIXL pull", "Token"),
+                 ("kvTransfer", "NIXL pull, timed by decode", "Byte"))
+
+
+def cpu_costs(sources: dict[str, Cases]) -> list[str]:
+    """The decider's CPU costs (benchmarks/cpu_costs.py): each way's fit."""
+    (cases,) = sources.values()
+    f = cases["calibration"]
+    lines = [row("cost", "fixed", "per token (per byte for NIXL)"), row("---", "---:", "---:")]
+    for key, label, unit in CPU_COST_ROWS:
+        per = f[key][f"per{unit}Seconds"]
+        lines.append(row(label, f"{f[key]['fixedSeconds'] * 1e3:.1f} ms",
+                         f"{per * 1e9:.2f} ns a byte" if unit == "Byte" else
+                         f"{per * 1e6:.0f} µs"))
+    lines += ["", f"{cell(f['engines'])}; {cell(f['machine'])}; NIXL moved "
+                  f"{cell(f['kvBytesPerToken'])} B a token; the run took {cell(f['seconds'])} s."]
+    return lines
+
+
 def bench(sources: dict[str, Cases]) -> list[str]:
     """Each recorded sweep's report table, as `longctx bench` prints it."""
     from longctx_operator.bench.report import table
@@ -284,6 +313,8 @@ TABLES = {
     "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
     "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),
+    "cpu-costs": Table("performance.md", (CPU_COSTS,), cpu_costs,
+                       "`benchmarks/cpu_costs.py` (then `make figures`)"),
     "first-run": Table("control-plane.md", ("first-run",), first_run,
                        "`tools/measure-first-run.sh TARGET...`"),
 }
@@ -293,7 +324,8 @@ def generate(name: str) -> str:
     """Table `name` from its JSON, with a line saying where and when it was measured."""
     table = TABLES[name]
     sources = {s: load(s) for s in table.sources}
-    files = " and ".join(f"`docs/figures/{s}.json`" for s in table.sources)
+    files = " and ".join(f"`{s}`" if "/" in s else f"`docs/figures/{s}.json`"
+                         for s in table.sources)
     if not any(sources.values()):
         return f"No run recorded yet: {table.fills} records {files} and fills this table."
     dates = sorted({f.get("measured", "?") for cases in sources.values()

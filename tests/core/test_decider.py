@@ -3,6 +3,7 @@ the CPU calibration, what the picker renders from it, and what `longctx plan` sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -117,10 +118,14 @@ def test_an_explicit_number_or_always_still_wins():
 # ---------------------------------------------------------------- CPU platform
 
 
-def test_cpu_threshold_comes_from_the_calibration():
+@pytest.mark.parametrize("context", [None, 4096], ids=["example", "day-two-context"])
+def test_cpu_threshold_comes_from_the_calibration(context):
     """The CPU example is priced by the measured costs: the closed form of the fitted lines
-    (fixed + per token, per byte for NIXL) gives the same crossover as the search."""
+    (fixed + per token, per byte for NIXL) gives the same crossover as the search, at the
+    example's context and at the day-two deployment's (tests/cluster/day_two)."""
     spec = example(REPO / "examples" / "tiny-mla-cpu.yaml")
+    if context:
+        spec = dataclasses.replace(spec, maxContextTokens=context)
     t = threshold(spec)
     assert t.priced_by.startswith("CPU calibration")
     c = cpu_costs()

@@ -14,8 +14,8 @@ The threshold is the smallest N for which the second is faster: below it the pic
 the turn straight to decode. On GPUs both ways are priced by the performance model
 (phase_timing.py) on the H200 profile, at a turn on half the context the plan is for; on
 the CPU platform by the costs measured on the project's machines (cpu_costs.py). When
-prefill computes a token no faster than decode, the prefill leg never pays back, and `auto`
-never disaggregates a turn (the decider's `nonCachedTokens: 0`). Queueing and the stall a
+what prefill saves a token does not pay back the prefill leg within the context the plan
+is for, `auto` never disaggregates a turn (the decider's `nonCachedTokens: 0`). Queueing and the stall a
 computed turn causes to decode's other streams are not priced (docs/performance.md).
 """
 
@@ -176,8 +176,8 @@ def _derive(spec: LongContextDeploymentSpec) -> Threshold:
             f"{where}: straight to decode stays faster up to {most:,} new tokens "
             f"({_ms(shown.direct_s)} against {_ms(shown.prefill_s)} of prefill, "
             f"{_ms(shown.transfer_s)} of KV transfer and {_ms(shown.first_step_s)} of decode "
-            "leg): prefill computes a token no faster than decode, so disaggregating a turn "
-            "never pays back; nonCachedTokens 0 keeps every request on decode")
+            "leg): within the context the plan is for, what prefill saves a token never pays "
+            "back the prefill leg; nonCachedTokens 0 keeps every request on decode")
     if found == 1:
         return Threshold(
             ALWAYS, 0, 1, context, priced_by,
