@@ -292,6 +292,28 @@ def first_run(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+def make_test(sources: dict[str, Cases]) -> list[str]:
+    """Each recorded run of `make test` (tests/suite_times.py): its total, every real-engine
+    test that took 5 s or more, and every other module that took 10 s or more."""
+    (cases,) = sources.values()
+    names = list(cases)
+    rows: dict[str, list[str]] = {}
+    for i, f in enumerate(cases.values()):
+        for key, took in [*f["real_engine_tests_s"].items(),
+                          *((m, t) for m, t in f["modules_s"].items() if t >= 10
+                            and not m.startswith(("tests.cluster.day_two.",
+                                                  "tests.cluster.test_real_engines")))]:
+            rows.setdefault(key, ["-"] * len(names))[i] = seconds(took)
+    lines = [row("test or module", *map(cell, names)), row("---", *["---:"] * len(names)),
+             row("**the whole run**", *(f"**{seconds(f['seconds'])}**, {cell(f['tests'])} "
+                                       f"tests, {cell(f['failures'])} failed, "
+                                       f"{cell(f['cores'])} cores, load "
+                                       f"{cell(f.get('load_average_at_start', '?'))}"
+                                       for f in cases.values()))]
+    lines += [row(key, *cells) for key, cells in rows.items()]
+    return lines
+
+
 @dataclass(frozen=True)
 class Table:
     doc: str                        # under docs/
@@ -300,7 +322,7 @@ class Table:
     fills: str                      # the command whose run records the figures
 
 
-DAY_TWO = "`make test-day2` (part of `make test`)"
+DAY_TWO = "`make test-day2` (`make test` runs all but four of its changes under traffic)"
 TABLES = {
     "changes-and-faults": Table("data-path.md", ("traffic-rollouts", "data-path-faults"),
                                 changes_and_faults, DAY_TWO),
@@ -315,6 +337,8 @@ TABLES = {
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),
     "cpu-costs": Table("performance.md", (CPU_COSTS,), cpu_costs,
                        "`benchmarks/cpu_costs.py` (then `make figures`)"),
+    "make-test": Table("test-harness.md", ("make-test",), make_test,
+                       "`tools/measure-make-test.sh`"),
     "first-run": Table("control-plane.md", ("first-run",), first_run,
                        "`tools/measure-first-run.sh TARGET...`"),
 }

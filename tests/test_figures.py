@@ -30,7 +30,7 @@ CHANGE = {"sent": 41, "failed": 0, "cut_off": 0, "longest_wait_s": 1.37, "second
 
 def test_a_table_without_figures_says_which_command_fills_it(docs):
     text = (docs / "data-path.md").read_text()
-    assert "No run recorded yet: `make test-day2` (part of `make test`) records " \
+    assert f"No run recorded yet: {figures.DAY_TWO} records " \
            "`docs/figures/traffic-rollouts.json`" in text
     assert not figures.stale()
 

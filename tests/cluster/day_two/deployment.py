@@ -50,8 +50,8 @@ class Deployment:
         self.cr_path.write_text(yaml.safe_dump(self.cr))
 
     def apply(self, edit: dict[str, Any]) -> None:
-        """The base CR with `edit` merged into its spec, applied."""
-        self.cr = base_cr()
+        """The CR as last applied with `edit` merged into its spec, applied: each change
+        builds on those before it, whichever of them ran."""
         deep_merge(self.cr["spec"], copy.deepcopy(edit))
         self.cr_path.write_text(yaml.safe_dump(self.cr))
         self.real.apply(self.cr, self.namespace)

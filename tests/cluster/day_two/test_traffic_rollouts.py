@@ -42,14 +42,16 @@ PHASE_TIMEOUT = 600
 # What the 2 cores allow while two new engines start beside the serving pair.
 TRAFFIC_INTERVAL = 0.2
 MIN_REQUESTS = 10
+# Each change is merged into the spec the one before left (Deployment.apply).
 ONE_PREFILL = {"prefill": {"replicas": 1}}
-UPGRADED = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT}}
-DECODE_EDIT = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT, "extraArgs": {
-    "decode": ["--max-num-seqs", "64"]}}}
-PREFILL_EDIT = {**ONE_PREFILL, "engine": {"image": ENGINE_IMAGE_NEXT, "extraArgs": {
-    "decode": ["--max-num-seqs", "64"], "prefill": ["--max-num-seqs", "8"]}}}
-ROUTER_EDIT = {**PREFILL_EDIT, "router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
-TWO_PREFILL = {**ROUTER_EDIT, "prefill": {"replicas": 2}}
+UPGRADED = {"engine": {"image": ENGINE_IMAGE_NEXT}}
+DECODE_EDIT = {"engine": {"extraArgs": {"decode": ["--max-num-seqs", "64"]}}}
+PREFILL_EDIT = {"engine": {"extraArgs": {"prefill": ["--max-num-seqs", "8"]}}}
+ROUTER_EDIT = {"router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
+TWO_PREFILL = {"prefill": {"replicas": 2}}
+# What `make test` leaves to `make test-day2`: each starts a whole new pair of engines
+# (3-4 minutes on 2 cores); the single-pod edit and the node drain, which do too, stay in.
+extended = pytest.mark.day_two_extended
 NOTHING_LOST = "nothing: no request failed or cut off"
 # Each case, its test and what the test requires of the clients (docs/reliability.md).
 CASES = [
@@ -160,6 +162,7 @@ def test_scale_down_under_traffic(deployment):
     assert summary["seconds"] < DRAIN_SECONDS, "the drain took its whole window"
 
 
+@extended
 def test_engine_image_upgrade_under_traffic(deployment):
     old = deployment.status()["revision"]
     summary, counters = under_traffic(
@@ -177,7 +180,8 @@ def test_engine_image_upgrade_under_traffic(deployment):
     assert drained and "held no request" in drained[-1], summary["events"]
 
 
-@pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT), ("prefill", PREFILL_EDIT)])
+@pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT),
+                                       pytest.param("prefill", PREFILL_EDIT, marks=extended)])
 def test_single_pod_edit_under_traffic(deployment, role, edit):
     old = deployment.status()["revision"]
     before = {p["metadata"]["uid"] for p in deployment.pods()}
@@ -254,6 +258,7 @@ def operator_upgrade() -> Any:
     roles._priced.cache_clear()
 
 
+@extended
 def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
     """Both single-pod roles are replaced beside the serving revision, and the status names
     the operator as the cause."""
@@ -276,6 +281,7 @@ def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
     assert chat(deployment.router(), deployment.model, words(80, seed=7), 8)
 
 
+@extended
 def test_scale_up_under_traffic(deployment, operator_upgrade):
     def two_prefill() -> bool:
         pods = deployment.pods("prefill")
