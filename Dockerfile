@@ -40,8 +40,12 @@ RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && python3 -m pip install --no-cache-dir "nixl==1.5.1" \
  && rm -rf /tmp/wheels \
  && python3 -c "import longctx_core.launcher.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
- && longctx-engine --help >/dev/null
+ && longctx-engine --help >/dev/null \
+ && python3 -m longctx_core.launcher.modelinfo
 ENV VLLM_NO_USAGE_STATS=1
+# launcher/modelinfo.py keeps vLLM's answers for the model classes longctx serves in the image;
+# the entrypoint copies them into each new pod's empty cache, so vLLM does not inspect the
+# class in a second Python process at every start.
 # The operator sets the container command to
 #   longctx-engine run /etc/longctx/<role>.json
 # (contract.ENGINE_CONTAINER_COMMAND plus the launch document of the pod's role).
@@ -79,7 +83,8 @@ RUN printf '%s\n' \
  && chmod 0755 /usr/local/bin/vllm \
  && python -c "import longctx_core.launcher.entrypoint, longctx_core.launcher.vllm_cli, nixl, vllm_router" \
  && vllm --version \
- && longctx-engine --help >/dev/null
+ && longctx-engine --help >/dev/null \
+ && python -m longctx_core.launcher.modelinfo
 # The pod runs as contract.ENGINE_UID with HOME at contract.ENGINE_HOME (an emptyDir there
 # holds the HF, Triton and vLLM caches); the image matches so that `docker run` works too.
 RUN mkdir -p /home/longctx && chown 65532:65532 /home/longctx

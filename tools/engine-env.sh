@@ -41,5 +41,11 @@ if __name__ == "__main__":
     sys.exit(main())
 EOF
 chmod +x "$VENV/bin/vllm"
+# vLLM's answers for the model classes longctx serves (longctx_core/launcher/modelinfo.py), which
+# each new engine pod copies into its empty cache instead of inspecting the class in a second
+# Python process.
+if [[ ! -d "$VENV/share/longctx/vllm-modelinfos" ]]; then
+  "$VENV/bin/python" -m longctx_core.launcher.modelinfo >&2
+fi
 flock -u 9
 echo "$VENV"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from longctx_core.contract import ENV_POD_IP, ENV_POD_NAME
+from longctx_core.launcher import modelinfo
 from longctx_core.launcher.launch import Launch, LaunchDocument, LaunchError, fill, parse
 from longctx_core.launcher.precheck import CheckResult, HostProbe, run_prechecks
 
@@ -116,7 +117,12 @@ def run(document: str, dry_run: bool = False, *,
                   "spec.engine.preflight to false to start anyway.", file=err)
             return 1
     prepare_workdir(doc)
-    execvpe(launch.argv[0], launch.argv, child_env(launch, env))
+    engine_env = child_env(launch, env)
+    seeded = modelinfo.seed(engine_env)
+    if seeded:
+        print(f"# vLLM model-info cache: {', '.join(seeded)} from the image", file=out)
+        out.flush()
+    execvpe(launch.argv[0], launch.argv, engine_env)
     return 0  # only reached with a test double
 
 
