@@ -29,7 +29,7 @@ from tests.figures import Figures
 pytestmark = pytest.mark.cluster
 
 SEED = 19
-KILLS = 20
+KILLS = 10
 ETCD_PAUSE_SECONDS = 5
 STORM_SECONDS = 12
 STORM_INTERVAL = 0.25

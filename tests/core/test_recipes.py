@@ -278,7 +278,8 @@ def test_launcher_imports_no_planner_model_or_api():
     assert r.returncode == 0, r.stderr
     loaded = set(json.loads(r.stdout))
     assert loaded == {"longctx_core", "longctx_core.contract", "longctx_core.launcher", "longctx_core.launcher.entrypoint",
-                      "longctx_core.launcher.launch", "longctx_core.launcher.precheck",
+                      "longctx_core.launcher.launch", "longctx_core.launcher.modelinfo",
+                      "longctx_core.launcher.precheck",
                       "longctx_core.quantity"}, loaded
 
 

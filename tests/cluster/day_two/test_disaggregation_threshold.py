@@ -7,7 +7,7 @@ decode and one prefill pod hold the prefix, send a second turn of the prefix plu
 tokens, one straight to decode and one through prefill (the prefill leg to the pod holding
 the prefix, then decode with its `kv_transfer_params`). Decode's counters show what each way
 computed and moved; the measured crossover stands beside the threshold the plan predicts
-for this deployment. Bounded: 4 x 9 sizes, 7 engine legs each (252 requests), each at most
+for this deployment. Bounded: 3 x 9 sizes, 7 engine legs each (189 requests), each at most
 300 s.
 """
 
@@ -34,8 +34,8 @@ PREFIX_BLOCKS = 4
 COMPLETIONS_PATH = "/v1/completions"
 FIGURES = Figures("disaggregation-threshold", "threshold")
 AGREEMENT = 0.25
-# Each size four times, for medians: the 2-core machine's other work moves single timings.
-REPEATS = 4
+# Each size three times, for medians: the 2-core machine's other work moves single timings.
+REPEATS = 3
 
 
 @dataclass

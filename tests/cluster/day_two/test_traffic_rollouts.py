@@ -3,7 +3,7 @@ vllm-router, on the package's real engines: none may fail or cut off a request. 
 records what the clients got (sent, failed, cut off, the longest wait), how long the change
 took and what the operator reported (docs/data-path.md's table, generated from the record).
 
-In turn, each under traffic (one request in flight at a time, one every 0.2 s at most, as
+In turn, each under traffic (one request in flight at a time, one a second at most, as
 the 2-core machine allows while new engines start; at least 10 per case; bounded in count
 and seconds):
 1. a scale-down of the prefill role from two pods to one (the pod that leaves drains);
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.cluster
 # An engine start under traffic on the 2 cores, with margin.
 PHASE_TIMEOUT = 600
 # What the 2 cores allow while two new engines start beside the serving pair.
-TRAFFIC_INTERVAL = 0.2
+TRAFFIC_INTERVAL = 1.0
 MIN_REQUESTS = 10
 # Each change is merged into the spec the one before left (Deployment.apply).
 ONE_PREFILL = {"prefill": {"replicas": 1}}
