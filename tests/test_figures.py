@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests import figures
+from tests import figure_tables, figures
 
 
 @pytest.fixture
@@ -14,8 +14,8 @@ def docs(tmp_path, monkeypatch):
     """A docs/ of its own: every table's document with its markers, no figures yet."""
     monkeypatch.setattr(figures, "DOCS", tmp_path)
     monkeypatch.setattr(figures, "FIGURES_DIR", tmp_path / "figures")
-    for doc in {t.doc for t in figures.TABLES.values()}:
-        names = [n for n, t in figures.TABLES.items() if t.doc == doc]
+    for doc in {t.doc for t in figure_tables.TABLES.values()}:
+        names = [n for n, t in figure_tables.TABLES.items() if t.doc == doc]
         (tmp_path / doc).write_text("# Prose\n\n" + "".join(
             f"<!-- figures:{n} -->\n<!-- /figures:{n} -->\n\nmore prose\n" for n in names))
     figures.write_tables()
@@ -30,7 +30,7 @@ CHANGE = {"sent": 41, "failed": 0, "cut_off": 0, "longest_wait_s": 1.37, "second
 
 def test_a_table_without_figures_says_which_command_fills_it(docs):
     text = (docs / "data-path.md").read_text()
-    assert f"No run recorded yet: {figures.DAY_TWO} records " \
+    assert f"No run recorded yet: {figure_tables.DAY_TWO} records " \
            "`docs/figures/traffic-rollouts.json`" in text
     assert not figures.stale()
 
