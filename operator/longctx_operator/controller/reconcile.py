@@ -287,7 +287,8 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
 
 def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
                     step: rollout.Step, policy: rollout.Policy,
-                    revisions: dict[str, rollout.Revision], outcome: Outcome, previous: dict[str, Any], idle: dict[str, float],
+                    revisions: dict[str, rollout.Revision], outcome: Outcome,
+                    previous: dict[str, Any], idle: dict[str, float],
                     drained_nodes: set[str]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
