@@ -106,8 +106,10 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     plan_json: dict[str, Any] | None = None
     plan: ServingPlan | None = None
     spec: api.LongContextDeploymentSpec | None = None
+    router: Router | None = None
     try:
         spec = api.load_spec(cr.get("spec"))
+        router = router_for(spec)
         nodes = _node_memory(kube, fresh=spec.placement.topologyKey is not None)
         capacity = plan_capacity(spec, nodes)
         plan_json = capacity.to_json()
@@ -128,7 +130,7 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     replaced: Replacement | None = None
     drained_nodes: set[str] = set()
     if refusal is None and plan is not None:
-        serving = _serving_revision(kube, cr, router_for(plan.spec), previous)
+        serving = _serving_revision(kube, cr, router, previous)
         drained_nodes = cordoned(kube.nodes())
         plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""), drained_nodes)
         try:
@@ -138,15 +140,15 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     if refusal is None and plan is not None:
         policy = _policy(plan)
         idle = drain.look(cr, revisions, plan.revision, serving, _utcnow())
-        load = rollout.DrainLoad(idle, router_switched=bool(idle) and router_for(
-            plan.spec).selects_only(kube, cr, plan.revision))
+        load = rollout.DrainLoad(idle, router_switched=bool(idle) and router.selects_only(
+            kube, cr, plan.revision))
         step = rollout.step(desired=plan.revision, serving=serving,
                             revisions=revisions, previous=previous.get("rollout") or {},
                             policy=policy, now=_utcnow(), load=load,
                             capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions),
                             why=replaced.describe(serving or "") if replaced else None)
-        _apply_children(kube, cr, plan, step, policy, revisions, outcome, previous, idle,
-                        drained_nodes)
+        _apply_children(kube, cr, plan, router, step, policy, revisions, outcome, previous,
+                        idle, drained_nodes)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
         if step.wake_after is not None:
@@ -154,7 +156,6 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
-    router = router_for(spec) if spec is not None else None
     observed = _observe(kube, cr, router, revisions.get(serving_rev or ""))
     if spec is None:
         desired_replicas = dict.fromkeys(contract.ROLES, 0)
@@ -284,9 +285,10 @@ def _count_zero_capacity(name: str, namespace: str, observed: Observed,
         _ZERO_SINCE[key] = now
 
 
-def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, step: rollout.Step,
-                    policy: rollout.Policy, revisions: dict[str, rollout.Revision],
-                    outcome: Outcome, previous: dict[str, Any], idle: dict[str, float],
+def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
+                    step: rollout.Step, policy: rollout.Policy,
+                    revisions: dict[str, rollout.Revision], outcome: Outcome,
+                    previous: dict[str, Any], idle: dict[str, float],
                     drained_nodes: set[str]) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
@@ -301,7 +303,7 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, step: 
     outcome.events += events
     if wake is not None:
         outcome.wake_within(wake)
-    moved = router_for(plan.spec).move_off(kube, cr, desired, drained_nodes)
+    moved = router.move_off(kube, cr, desired, drained_nodes)
     if moved:
         events.append(("Normal", "RouterMoving", f"the router leaves drained node "
                        f"{', '.join(moved)}: its new pod starts elsewhere before the old one "
