@@ -15,9 +15,10 @@ tokens, with `max_tokens` 1:
   (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`: `kvTransfer`).
 
 Each is fitted as fixed seconds + seconds per token (per byte for NIXL) by least squares over
-the sizes; the decode leg's per-token slope is kept without its NIXL part, which the model
-prices from the spec's KV bytes per token. Needs the engine environment (tools/engine-env.sh);
-about 3 minutes on 2 cores. Run it under the heavy lock on a shared machine:
+the sizes, the two ways that compute the new tokens with one cost a token; the decode leg's
+per-token slope is kept without its NIXL part, which the model prices from the spec's KV
+bytes per token. Needs the engine environment (tools/engine-env.sh); about 4 minutes on 2
+cores. Run it under the heavy lock on a shared machine:
 
     flock /tmp/longctx-heavy.lock env PYTHONPATH=core:operator:. \\
         $(tools/python-env.sh)/bin/python benchmarks/cpu_costs.py
@@ -204,23 +205,36 @@ def medians(samples: list[dict]) -> list[dict]:
             for _, rows in sorted(by_size.items())]
 
 
+def shared_slope(series: list[tuple[list[float], list[float]]]) -> tuple[float, list[float]]:
+    """Least squares y = a_k + b x over several series: one slope, an intercept each."""
+    centred = [([x - statistics.fmean(xs) for x in xs], [y - statistics.fmean(ys) for y in ys])
+               for xs, ys in series]
+    slope = (sum(x * y for xs, ys in centred for x, y in zip(xs, ys))
+             / sum(x * x for xs, _ in centred for x in xs))
+    return slope, [statistics.fmean(ys) - slope * statistics.fmean(xs) for xs, ys in series]
+
+
 def costs(samples: list[dict]) -> dict:
-    """The fits the decider reads (cpu_costs.py): each way its own fixed cost and cost a
-    token, measured apart and not assumed equal although both engines run the same model on
-    cores of one kind: where decode's extension costs more a token than prefill's leg, a
-    long enough turn is worth the prefill leg's fixed costs."""
+    """The fits the decider reads (cpu_costs.py). Both ways compute the new tokens with the
+    same model and kernels on cores of one kind, so they share one cost a token and differ
+    in their fixed costs; each way's own slope is kept beside it (`apartPerTokenSeconds`):
+    how far apart they read is the run's noise and the two cores' difference, which swapping
+    the engines' cores reverses."""
     rows = medians(samples)
     tokens = [r["computedTokens"] for r in rows]
     pulled = [r["pulledTokens"] for r in rows]
     bytes_per_token = sum(r["pulledBytes"] for r in rows) / sum(pulled)
     xfer_fixed, per_byte = fit([r["pulledBytes"] for r in rows], [r["pullSeconds"] for r in rows])
-    pre_fixed, pre_per_token = fit(tokens, [r["prefillLegSeconds"] for r in rows])
-    dir_fixed, dir_per_token = fit(tokens, [r["directSeconds"] for r in rows])
+    prefill = [r["prefillLegSeconds"] for r in rows]
+    direct = [r["directSeconds"] for r in rows]
+    per_token, (pre_fixed, dir_fixed) = shared_slope([(tokens, prefill), (tokens, direct)])
     leg_fixed, leg_per_token = fit(pulled, [r["decodeLegSeconds"] for r in rows])
     return {
         "kvBytesPerToken": round(bytes_per_token, 1),
-        "prefill": {"fixedSeconds": pre_fixed, "perTokenSeconds": pre_per_token},
-        "decodeExtension": {"fixedSeconds": dir_fixed, "perTokenSeconds": dir_per_token},
+        "prefill": {"fixedSeconds": pre_fixed, "perTokenSeconds": per_token,
+                    "apartPerTokenSeconds": fit(tokens, prefill)[1]},
+        "decodeExtension": {"fixedSeconds": dir_fixed, "perTokenSeconds": per_token,
+                            "apartPerTokenSeconds": fit(tokens, direct)[1]},
         "decodeLeg": {"fixedSeconds": leg_fixed,
                       "perTokenSeconds": max(leg_per_token - per_byte * bytes_per_token, 0.0)},
         # Pulls of a few blocks take about the same time whatever their size; a slope below
@@ -233,7 +247,7 @@ def costs(samples: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="dense", help="tiny model (tests/cluster/tiny_models.py)")
-    parser.add_argument("--repeats", type=int, default=3, help="sessions per size")
+    parser.add_argument("--repeats", type=int, default=5, help="sessions per size")
     parser.add_argument("--out", type=Path, default=DATA_FILE)
     parser.add_argument("--refit", action="store_true",
                         help="fit the samples already in --out again (no engines)")

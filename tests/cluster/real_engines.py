@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import time
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 import yaml
 
 from tests.cluster.controlplane import REPO, ControlPlane
-from tests.cluster.pod_network import POD_NETWORK, in_pod_network
+from tests.cluster.pod_network import POD_NETWORK, in_pod_network, netns_inode, pids_in_netns
 from tests.cluster.pod_runner import PodRunner
 from tests.contract.variants import deep_merge
 
@@ -333,3 +334,19 @@ def words(n: int, seed: int = 0) -> str:
     """A prompt of n words from the tiny models' vocabulary."""
     vocab = [f"w{(i * 7919 + seed) % 500}" for i in range(n)]
     return " ".join(vocab)
+
+
+def engine_cores(pod: dict[str, Any]) -> dict[str, set[int]]:
+    """The cores each process of a loopback pod's engine container may run on (its main
+    thread's affinity), by name and PID: the processes of the container's process group
+    (status.containerStatuses' `loopback://PID`, vLLM's API server once the entrypoint has
+    exec'd, and the engine core it starts) in the pod's network namespace."""
+    (status,) = pod["status"]["containerStatuses"]
+    leader = int(status["containerID"].removeprefix("loopback://"))
+    cores: dict[str, set[int]] = {}
+    for pid in pids_in_netns(netns_inode(leader)):
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == leader:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+                cores[f"{name} ({pid})"] = os.sched_getaffinity(pid)
+    return cores

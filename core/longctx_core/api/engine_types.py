@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from longctx_core.api.fields import MAX_IMAGE_LENGTH, image_rule
 from longctx_core.api.model_types import Speculative
-from longctx_core.api.schema import APIObject, Quantity, api_field
+from longctx_core.api.schema import APIObject, Quantity, Rule, api_field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,14 +18,25 @@ class ExtraArgs(APIObject):
     decode: list[str] = api_field("Extra arguments for decode engines.", [], max_items=64)
 
 
+# VLLM_CPU_OMP_THREADS_BIND: auto, nobind, or core lists ("0-3,8"), one per rank split by |.
+_CORE_LIST = "[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*"
+
+
+def threads_bind_rule(field: str) -> Rule:
+    return Rule(f"self == 'auto' || self == 'nobind' || "
+                f"self.matches('^{_CORE_LIST}([|]{_CORE_LIST})*$')",
+                f"threadsBind.{field} is {{self}}; write auto, nobind or a core list like 0-3,8 "
+                "(ranks split by |)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ThreadsBind(APIObject):
     """VLLM_CPU_OMP_THREADS_BIND of each role's engine: the cores its OpenMP threads pin."""
 
     prefill: str = api_field("Cores of the prefill engine (auto, or a list like 0-3).", "auto",
-                             max_length=256)
+                             max_length=256, rules=(threads_bind_rule("prefill"),))
     decode: str = api_field("Cores of the decode engine (auto, or a list like 4-7).", "auto",
-                            max_length=256)
+                            max_length=256, rules=(threads_bind_rule("decode"),))
 
 
 @dataclass(frozen=True, kw_only=True)

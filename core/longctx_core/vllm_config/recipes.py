@@ -173,7 +173,7 @@ def build_command(plan: RolePlan, cr_name: str, namespace: str) -> EngineCommand
     }
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_platform.kv_cache_space_gib(spec))
-        env["VLLM_CPU_OMP_THREADS_BIND"] = getattr(spec.engine.cpu.threadsBind, role)
+        env[contract.ENV_CPU_THREADS_BIND] = getattr(spec.engine.cpu.threadsBind, role)
         env[contract.ENV_NIXL_PROGRESS_DELAY_US] = str(cpu_platform.NIXL_PROGRESS_DELAY_US)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = cpu_platform.VLLM_V1_MULTIPROCESSING
     else:

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from longctx_core import contract
 from longctx_core.api.spec import load_spec
+from longctx_core.launcher.vllm_plugin import bound_cores
 from longctx_core.sizing.decider import threshold
-from tests.cluster.real_engines import http_json, kv_counters, words
+from tests.cluster.real_engines import engine_cores, http_json, kv_counters, words
 from tests.cluster.sessions import REQUEST_TIMEOUT, block_tokens
 from tests.figures import Figures
 
@@ -159,6 +161,18 @@ def turn_sizes(deployment):
     return samples, rows, measured, predicted
 
 
+def test_each_engine_runs_on_the_cores_its_threads_bind_names(deployment):
+    """Both ways are priced with each engine on its own cores (the calibration's), so the
+    timings compare only where every engine process stays on its role's threadsBind."""
+    binds = deployment.cr["spec"]["engine"]["cpu"]["threadsBind"]
+    for role in contract.ROLES:
+        for pod in deployment.pods(role):
+            cores = engine_cores(pod)
+            assert len(cores) >= 2, (pod["metadata"]["name"], cores)   # API server, engine core
+            assert set(map(frozenset, cores.values())) == {frozenset(bound_cores(binds[role]))}, (
+                pod["metadata"]["name"], binds[role], cores)
+
+
 def test_straight_to_decode_computes_the_new_tokens_and_moves_nothing(turn_sizes):
     samples, *_ = turn_sizes
     for t in samples:
@@ -170,12 +184,6 @@ def test_straight_to_decode_computes_the_new_tokens_and_moves_nothing(turn_sizes
     assert [t.uncached for t in samples] == list(TURN_SIZES) * REPEATS
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open: benchmarks/cpu_costs.py's engines, alone on a quiet 2-core machine, cost the same "
-    "a token either way and predict no crossover; in this deployment decode computing a long "
-    "turn itself has read slower than the prefill leg (a crossover near 2,400 new tokens on "
-    "2026-12-04). What slows decode here (the engines and control plane sharing its core) is "
-    "not in the model yet"))
 def test_measured_crossover_agrees_with_the_predicted_threshold(turn_sizes):
     """Within 25% of the prediction; or, where the plan predicts no crossover within the
     context it prices, none within the sizes measured."""
