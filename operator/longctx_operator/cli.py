@@ -101,6 +101,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from longctx_core.plan.roles import serving_plan
 
     from longctx_operator.controller.desired import desired_objects
+    from longctx_operator.controller.routers import router_for
 
     cr = read_manifest(args.file)
     cr["metadata"].setdefault("uid", "")
@@ -110,7 +111,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(launch_document(plan.role(args.launch), 
             meta["name"], meta.get("namespace") or "default").to_json())
         return 0
-    objects = desired_objects(cr, plan, with_pod_monitor=args.pod_monitor)
+    objects = desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=args.pod_monitor)
     for obj in objects:
         # Plain manifests belong to whoever applies them (a GitOps tool), not to a CR.
         obj["metadata"].pop("ownerReferences", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from longctx_core.api.engine_types import threads_bind_rule
 from longctx_core.api import fields as api_fields
 from longctx_core.api.schema import Rule
 
@@ -31,3 +32,10 @@ def test_image_rule_accepts_references(image):
                                    "é", "ghcr.io//x", "x:" + "a" * 129, "x@sha256:short", ""])
 def test_image_rule_refuses_what_is_not_a_reference(image):
     assert not api_fields.image_rule("image", "x").holds(image)
+
+
+@pytest.mark.parametrize("bind, holds", [("auto", True), ("nobind", True), ("0", True),
+                                         ("0-3,8", True), ("0-3|4-7", True), ("", False),
+                                         ("0-", False), ("cores 0", False), ("0,,1", False)])
+def test_threads_bind_takes_what_vllm_reads(bind, holds):
+    assert threads_bind_rule("prefill").holds(bind) is holds

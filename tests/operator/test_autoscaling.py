@@ -7,6 +7,7 @@ from __future__ import annotations
 from longctx_core import contract
 from longctx_core.sizing.planner import plan as capacity_plan
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.builders import autoscaling
 from longctx_operator.controller.builders.engine import pod_monitor
 from longctx_operator.controller.desired import desired_objects
@@ -83,19 +84,20 @@ def test_keda_scaled_object_queries_the_recorded_series():
 
 def test_desired_objects_pick_keda_only_when_asked_and_rules_only_with_the_crd():
     plan = serving_plan(_autoscaled())
-    kinds = [o["kind"] for o in desired_objects(CR, plan, with_pod_monitor=True)]
+    kinds = [o["kind"] for o in desired_objects(CR, plan, router_for(plan.spec), with_pod_monitor=True)]
     assert "HorizontalPodAutoscaler" in kinds and "PrometheusRule" not in kinds
-    kinds = [o["kind"] for o in desired_objects(CR, plan, with_pod_monitor=True,
+    kinds = [o["kind"] for o in desired_objects(CR, plan, router_for(plan.spec), with_pod_monitor=True,
                                                 with_capacity_rules=True, with_keda=True)]
     assert "ScaledObject" in kinds and "PrometheusRule" in kinds
     assert "HorizontalPodAutoscaler" not in kinds
-    plain = [o["kind"] for o in desired_objects(CR, serving_plan(_spec()),
+    plain_plan = serving_plan(_spec())
+    plain = [o["kind"] for o in desired_objects(CR, plain_plan, router_for(plain_plan.spec),
                                                 with_pod_monitor=True)]
     assert not {"HorizontalPodAutoscaler", "ScaledObject", "PrometheusRule"} & set(plain)
 
 
 def statefulset(plan, role: str) -> dict:
-    (sts,) = [o for o in desired_objects(CR, plan, with_pod_monitor=False)
+    (sts,) = [o for o in desired_objects(CR, plan, router_for(plan.spec), with_pod_monitor=False)
               if o["kind"] == "StatefulSet"
               and o["metadata"]["labels"][contract.COMPONENT_LABEL] == role]
     return sts

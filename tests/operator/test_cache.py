@@ -8,6 +8,7 @@ import threading
 
 from longctx_core import contract
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.runtime.cache import Reflector, Store
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
@@ -66,7 +67,8 @@ def test_a_relisted_child_matches_what_the_operator_applied():
     replaced the stored copy) until something else changed them."""
     cr = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
           "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
-    desired = desired_objects(cr, serving_plan(spec_with()), with_pod_monitor=False)
+    plan = serving_plan(spec_with())
+    desired = desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=False)
     stores = {k.kind: Store(k, (None,)) for k in kinds.CACHED_KINDS}
     for kind, store in stores.items():
         items = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")}

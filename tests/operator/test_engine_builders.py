@@ -13,6 +13,7 @@ from longctx_core.quantity import parse_bytes
 from longctx_core.plan.roles import role_plan, serving_plan
 from longctx_operator.controller.builders.engine import (pod_monitor, revision_objects,
                                               shared_engine_objects)
+from longctx_operator.controller.routers import router_for
 
 REPO = Path(__file__).resolve().parents[2]
 CR = {**yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())}
@@ -22,7 +23,7 @@ CR["metadata"] = {"name": "glm", "namespace": "ml", "uid": "u-1"}
 def objects(cr=CR):
     """The engine objects by kind and name, the revision suffix left out of the names."""
     plan = serving_plan(load_spec(cr["spec"]))
-    objs = revision_objects(cr, plan) + shared_engine_objects(cr, plan)
+    objs = revision_objects(cr, plan, router_for(plan.spec)) + shared_engine_objects(cr, plan)
     return {(o["kind"], o["metadata"]["name"].removesuffix(f"-{plan.revision}")): o
             for o in objs}
 

@@ -11,6 +11,7 @@ import yaml
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.builders.engine import (engine_security_context, pod_security_level,
                                               revision_objects)
 from longctx_operator.controller.builders.network_policy import OPERATOR_LABELS, network_policy
@@ -31,7 +32,7 @@ def cr_with(**network_policy) -> dict:
 
 def kinds(cr: dict) -> set[str]:
     plan = serving_plan(load_spec(cr["spec"]))
-    return {o["kind"] for o in desired_objects(cr, plan, with_pod_monitor=False)}
+    return {o["kind"] for o in desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=False)}
 
 
 def test_off_by_default_and_owned_when_on():
@@ -77,7 +78,7 @@ def test_no_clients_no_client_rule():
 
 def engine_container(cr: dict, role: str) -> dict:
     plan = serving_plan(load_spec(cr["spec"]))
-    (sts,) = [o for o in revision_objects(cr, plan) if o["kind"] == "StatefulSet"
+    (sts,) = [o for o in revision_objects(cr, plan, router_for(plan.spec)) if o["kind"] == "StatefulSet"
               and o["metadata"]["labels"][contract.COMPONENT_LABEL] == role]
     pod = sts["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False

@@ -10,6 +10,7 @@ from longctx_core.plan.revision import pairing_key
 from longctx_core.plan.roles import serving_plan
 from longctx_core.plan.rules import RecipeError
 from longctx_core.vllm_config.recipes import launch_document
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.engine_documents import check_pair
 from longctx_operator import kinds
@@ -71,7 +72,8 @@ def _references(obj: dict) -> list[tuple[str, str]]:
 def test_every_child_is_written_in_a_wave_after_the_children_it_names():
     cr = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
           "metadata": {"name": "glm", "namespace": "llm", "uid": "u-1"}}
-    objects = desired_objects(cr, serving_plan(spec_with()), with_pod_monitor=True)
+    plan = serving_plan(spec_with())
+    objects = desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=True)
     wave = {(o["kind"], o["metadata"]["name"]): kinds.KIND_BY_NAME[o["kind"]].wave
             for o in objects}
     checked = 0

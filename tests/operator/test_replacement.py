@@ -11,6 +11,7 @@ import yaml
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.builders.engine import pod_disruption_budget, revision_objects
 from longctx_operator.controller.replacement import cordoned, plan_for_revision
 from longctx_operator.controller.rollout import group_revisions
@@ -31,7 +32,7 @@ def running(cr: dict, node: str = "node-a"):
     """The revision `cr` runs, as the API reports it: its StatefulSets and one pod per
     replica on `node`."""
     plan = serving_plan(load_spec(cr["spec"]), cr["metadata"]["name"])
-    sets = [o for o in revision_objects(cr, plan) if o["kind"] == "StatefulSet"]
+    sets = [o for o in revision_objects(cr, plan, router_for(plan.spec)) if o["kind"] == "StatefulSet"]
     pods = [{"metadata": {"name": f"{s['metadata']['name']}-{i}",
                           "labels": s["spec"]["template"]["metadata"]["labels"]},
              "spec": {"nodeName": node}}
@@ -40,7 +41,8 @@ def running(cr: dict, node: str = "node-a"):
 
 
 def decide(cr: dict, serving, nodes: set[str] = frozenset()):
-    return plan_for_revision(cr, serving_plan(load_spec(cr["spec"]), "tiny"), serving, set(nodes))
+    plan = serving_plan(load_spec(cr["spec"]), "tiny")
+    return plan_for_revision(cr, plan, router_for(plan.spec), serving, set(nodes))
 
 
 def test_an_unchanged_spec_keeps_the_serving_revision():
@@ -63,7 +65,7 @@ def test_a_single_pod_roles_edit_is_a_replacement_beside_the_serving_revision():
     assert reason.startswith("decode has one pod (spec.decode.replicas = 1)"), reason
     # Every reconcile of the same edit names the same revision.
     assert decide(edited, serving)[0].revision == decided.revision
-    sts = next(o for o in revision_objects(edited, decided) if o["kind"] == "StatefulSet")
+    sts = next(o for o in revision_objects(edited, decided, router_for(decided.spec)) if o["kind"] == "StatefulSet")
     assert sts["metadata"]["annotations"][contract.PAIRING_KEY_ANNOTATION] == serving.name
     assert sts["spec"]["template"]["metadata"]["labels"][contract.PAIRING_LABEL] == \
         decided.revision
@@ -75,7 +77,7 @@ def test_once_the_replacement_serves_it_is_kept():
     edited = copy.deepcopy(base)
     edited["spec"]["engine"].setdefault("extraArgs", {})["prefill"] = ["--max-num-seqs", "3"]
     decided, _ = decide(edited, old)
-    sets = [o for o in revision_objects(edited, decided) if o["kind"] == "StatefulSet"]
+    sets = [o for o in revision_objects(edited, decided, router_for(decided.spec)) if o["kind"] == "StatefulSet"]
     new = group_revisions(sets, [])[decided.revision]
     again, replaced = decide(edited, new)
     assert replaced is None and again.revision == decided.revision

@@ -12,6 +12,7 @@ import pytest
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller import rollout
 from longctx_operator.controller.builders.engine import revision_objects
 from tests.conftest import example_cr
@@ -44,7 +45,7 @@ def test_an_edit_of_a_handshake_field_starts_a_revisioned_rollout(edit, strategy
     deep_merge(edited["spec"], edit)
     new = serving_plan(load_spec(edited["spec"]))
     assert new.revision != old.revision
-    names = {o["metadata"]["name"] for o in revision_objects(edited, new)
+    names = {o["metadata"]["name"] for o in revision_objects(edited, new, router_for(new.spec))
              if o["kind"] == "StatefulSet"}
     assert names == {f"glm-{role}-{new.revision}" for role in contract.ROLES}
     policy = rollout.Policy(strategy=strategy, min_ready={"prefill": 1, "decode": 1},

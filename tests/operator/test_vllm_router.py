@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from longctx_core import contract
+from longctx_core.api.schema import SpecError
 from longctx_core.api.spec import load_spec
 from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.builders import vllm_router
+from longctx_operator.controller.routers import router_for
 
 REPO = Path(__file__).resolve().parents[2]
 CR = yaml.safe_load((REPO / "examples" / "tiny-mla-cpu.yaml").read_text())
@@ -115,3 +117,22 @@ def test_router_pods_follow_the_engines_or_their_own_placement():
     assert "tolerations" not in pod_spec(cr)
     cr["spec"]["router"]["type"] = "llm-d"
     assert pod_spec(cr)["nodeSelector"] == {"pool": "routers"}   # the endpoint picker's
+
+
+@pytest.mark.parametrize("affinity, policy", [(None, "cache_aware"),
+                                              ("prefix", "cache_aware"),
+                                              ("sessionId", "sticky_least_loaded")])
+def test_session_affinity_picks_the_routing_policy(affinity, policy):
+    cr = copy.deepcopy(CR)
+    if affinity is not None:
+        cr["spec"]["router"]["sessionAffinity"] = affinity
+    plan = serving_plan(load_spec(cr["spec"]))
+    args = vllm_router.router_args(cr, plan, plan.revision)
+    assert args[args.index("--policy") + 1] == policy and "--prefill-policy" not in args
+
+
+def test_session_affinity_by_id_is_refused_for_llm_d_naming_the_fix():
+    spec = load_spec({**CR["spec"], "router": {"type": "llm-d", "sessionAffinity": "sessionId"}})
+    with pytest.raises(SpecError, match=r"spec.router.sessionAffinity='sessionId'.*Set "
+                                        r"spec.router.sessionAffinity to prefix"):
+        router_for(spec)

@@ -80,6 +80,15 @@ class Router(APIObject):
         "Decode routing sidecar image.", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0",
         max_length=MAX_IMAGE_LENGTH, rules=(image_rule(
             "sidecarImage", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"),))
+    sessionAffinity: str = api_field(
+        "How vllm-router keeps a conversation on the prefill pod that holds its prefix. "
+        "prefix: by the prompts each pod has seen (cache_aware); new sessions go to the pod "
+        "with the fewest requests in flight, so sessions arriving one at a time share a "
+        "pod. sessionId: by the session each client names (the X-Session-ID header or the "
+        "OpenAI user field; sticky_least_loaded): a new session goes to the pod holding the "
+        "fewest, and a request that names none is balanced alone and reuses no prefix. "
+        "llm-d's picker spreads sessions by prefix itself: keep prefix there.",
+        "prefix", enum=("prefix", "sessionId"))
     prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())
     disaggregation: Disaggregation = api_field("P/D decider.", Disaggregation())
     gateway: Optional[GatewayRef] = api_field("Attach an HTTPRoute to this Gateway.", None)

@@ -9,10 +9,11 @@ from longctx_core.plan.roles import ServingPlan
 from longctx_operator.controller.builders.autoscaling import autoscaling_objects
 from longctx_operator.controller.builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from longctx_operator.controller.builders.network_policy import network_policy
-from longctx_operator.controller.routers import router_for
+from longctx_operator.controller.routers import Router
 
 
-def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: bool,
+def desired_objects(cr: dict[str, Any], plan: ServingPlan, router: Router, *,
+                    with_pod_monitor: bool,
                     serving: str | None = None, with_revision: bool = True,
                     with_capacity_rules: bool = False, with_keda: bool = False
                     ) -> list[dict[str, Any]]:
@@ -21,8 +22,7 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, *, with_pod_monitor: 
     objects all revisions share, with the pool on the `serving` revision (default: the
     plan's). The capacity rules need the PrometheusRule CRD; spec.autoscaling becomes a
     KEDA ScaledObject `with_keda` (its CRD exists), else an HPA."""
-    router = router_for(plan.spec)
-    objects = revision_objects(cr, plan) if with_revision else []
+    objects = revision_objects(cr, plan, router) if with_revision else []
     objects += shared_engine_objects(cr, plan) + router.objects(cr, plan, serving or plan.revision)
     if plan.spec.networkPolicy.enabled:
         objects.append(network_policy(cr, plan))

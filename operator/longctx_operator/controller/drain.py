@@ -12,7 +12,7 @@ from longctx_core import contract
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller import rollout
-from longctx_operator.controller.routers import router_for
+from longctx_operator.controller.routers import Router
 from longctx_operator.controller.engine_load import IdleTracker
 from longctx_operator.controller.cluster import Cluster
 
@@ -37,8 +37,8 @@ def look(cr: dict[str, Any], revisions: dict[str, rollout.Revision], desired: st
     return _TRACKERS.setdefault(key, IdleTracker()).look(pods, now)
 
 
-def drain_scale_down(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, drain: float,
-                     revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
+def drain_scale_down(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
+                     drain: float, revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
                      idle: dict[str, float]) -> tuple[list[tuple[str, str, str]],
                                                       Optional[float]]:
     """Pods a scale-down removes leave the pool first and go once drained (idle, or the
@@ -55,7 +55,7 @@ def drain_scale_down(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, drain
     removed = [p["metadata"]["name"] for role, obj in sets.items()
                for p in rollout.leaving(obj["spec"]["replicas"], live.statefulsets.get(role),
                                         live.role_pods(role))]
-    switched = not removed or router_for(plan.spec).leave_out(kube, cr, desired, removed)
+    switched = not removed or router.leave_out(kube, cr, desired, removed)
     events: list[tuple[str, str, str]] = []
     wake: Optional[float] = None
     for role, obj in sets.items():

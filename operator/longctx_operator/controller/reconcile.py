@@ -132,7 +132,8 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     if refusal is None and plan is not None:
         serving = _serving_revision(kube, cr, router, previous)
         drained_nodes = cordoned(kube.nodes())
-        plan, replaced = plan_for_revision(cr, plan, revisions.get(serving or ""), drained_nodes)
+        plan, replaced = plan_for_revision(cr, plan, router, revisions.get(serving or ""),
+                                           drained_nodes)
         try:
             check_in_place_pair(kube, cr, plan)
         except RecipeError as exc:
@@ -293,13 +294,13 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
-        cr, plan, with_pod_monitor=with_monitor, serving=step.serving,
+        cr, plan, router, with_pod_monitor=with_monitor, serving=step.serving,
         with_revision=step.apply_desired,
         with_capacity_rules=with_monitor and kube.crd_exists(RULE_CRD),
         with_keda=plan.spec.autoscaling is not None and kube.crd_exists(KEDA_CRD))
     new_generation = previous.get("observedGeneration") != meta.get("generation")
-    events, wake = drain.drain_scale_down(kube, cr, plan, policy.drain_seconds, revisions,
-                                          desired, idle)
+    events, wake = drain.drain_scale_down(kube, cr, plan, router, policy.drain_seconds,
+                                          revisions, desired, idle)
     outcome.events += events
     if wake is not None:
         outcome.wake_within(wake)

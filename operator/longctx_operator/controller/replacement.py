@@ -31,6 +31,7 @@ from longctx_core.plan.roles import ServingPlan
 from longctx_operator.controller.builders.engine import statefulset
 from longctx_operator.controller.drift import matches
 from longctx_operator.controller.rollout import Revision
+from longctx_operator.controller.routers import Router
 
 # Names the revision in templates whose digest names a replacement.
 _PLACEHOLDER = "0" * contract.REVISION_LENGTH
@@ -73,8 +74,8 @@ def cordoned(nodes: Optional[list[dict[str, Any]]]) -> set[str]:
     return {n["metadata"]["name"] for n in nodes or [] if (n.get("spec") or {}).get("unschedulable")}
 
 
-def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revision],
-                cordoned_nodes: set[str]) -> Optional[Replacement]:
+def replacement(cr: dict[str, Any], plan: ServingPlan, router: Router,
+                serving: Optional[Revision], cordoned_nodes: set[str]) -> Optional[Replacement]:
     """The revision that replaces the serving one's single-pod roles, or None when the
     plan's changes can roll in place (or roll to a new pairing key, a Surge of its own)."""
     if serving is None or plan.spec.rollout.strategy != "Surge" \
@@ -91,7 +92,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
         if min(live_replicas, role.replicas) >= 2:
             continue   # a rolling update keeps the role serving
         field = f"spec.{role.role}.replicas = {role.replicas}"
-        if changes_template(statefulset(cr, role), live):
+        if changes_template(statefulset(cr, role, router), live):
             reasons.append(f"{role.role} has one pod ({field}) and its pod template changes")
             changed.append(role.role)
         nodes = sorted({p["spec"].get("nodeName") for p in serving.role_pods(role.role)
@@ -101,7 +102,7 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
                            "which is being drained")
     if not reasons:
         return None
-    templates = {role.role: statefulset(cr, role)["spec"]["template"]
+    templates = {role.role: statefulset(cr, role, router)["spec"]["template"]
                  for role in plan.with_revision(_PLACEHOLDER).roles}
     moved = sorted({p["spec"].get("nodeName") for p in serving.pods
                     if (p.get("spec") or {}).get("nodeName") in cordoned_nodes})
@@ -111,12 +112,13 @@ def replacement(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revisio
     return Replacement(digest, tuple(reasons), tuple(changed))
 
 
-def plan_for_revision(cr: dict[str, Any], plan: ServingPlan, serving: Optional[Revision],
-                      cordoned_nodes: set[str]) -> tuple[ServingPlan, Optional[Replacement]]:
+def plan_for_revision(cr: dict[str, Any], plan: ServingPlan, router: Router,
+                      serving: Optional[Revision], cordoned_nodes: set[str]
+                      ) -> tuple[ServingPlan, Optional[Replacement]]:
     """The plan named for the revision its objects belong to: the serving revision when
     its pairing key is the plan's and nothing forces a replacement (in-place changes keep
     the name the revision was created under), a replacement, or the pairing key."""
-    found = replacement(cr, plan, serving, cordoned_nodes)
+    found = replacement(cr, plan, router, serving, cordoned_nodes)
     if found is not None:
         return plan.with_revision(found.revision), found
     if serving is not None and pairing_key_of(serving) == plan.pairing_key:

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from longctx_core import contract
 from longctx_core.api import spec as api
+from longctx_core.api.schema import SpecError
 from longctx_core.plan.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders import picker, vllm_router
@@ -88,6 +89,12 @@ class LlmD(Router):
     decides_disaggregation = True
 
     def __init__(self, router: api.Router):
+        if router.sessionAffinity != "prefix":
+            raise SpecError(f"spec.router.sessionAffinity={router.sessionAffinity!r} is "
+                            "vllm-router's: llm-d's picker keeps sessions by prefix and "
+                            "spreads new ones itself (no-hit-lru-scorer). Set "
+                            "spec.router.sessionAffinity to prefix, or spec.router.type to "
+                            "vllm-router")
         self.spec = router
 
     def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ runs them in file-name order):
 - test_data_path_faults.py: engines killed and stopped on the data path (each comes back);
 - test_disaggregation_threshold.py: new turns straight to decode against through prefill;
 - test_prefix_reuse.py: multi-turn sessions with three routings over the two prefill pods,
-  and sessions arriving together;
+  then named sessions with `spec.router.sessionAffinity: sessionId` (kept by the next module);
 - test_traffic_rollouts.py: a scale-down, a Surge rollout and a decode-only edit under
   traffic, last, since they change the deployment.
 

@@ -15,9 +15,9 @@ turns so that only a session's own history is reusable:
 The prefill engines' own prefix-cache counters give each turn's hit rate. Bounded: 36 chat
 requests (72 engine legs), each at most 300 s.
 
-Then four sessions arriving together through vllm-router (their first turns at once, two
-later turns each one at a time; 12 chat requests): do they spread over both prefill pods and
-stay where their prefix is?
+Then, with `spec.router.sessionAffinity: sessionId`, four sessions that name themselves
+(two starting together, two one at a time, two later turns each; 12 chat requests): do they
+spread over both prefill pods and stay where their prefix is?
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from longctx_operator.controller.builders import picker
 from tests.cluster import ext_proc
 from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
 from tests.cluster.real_engines import http_json
+from tests.cluster.traffic import is_ready
 from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Session, Turn, block_tokens,
                                     disaggregated, hit_rates_by_turn, later_turns_rate,
                                     prefix_counters, random_routing, run_sessions)
@@ -229,51 +230,68 @@ def test_the_measured_router_is_the_one_the_operator_rendered(deployment):
 # ---------------------------------------------------------------- sessions that arrive together
 
 
+SESSION_AFFINITY = {"router": {"sessionAffinity": "sessionId"}}
+
+
+def _router_policy(deployment) -> str | None:
+    """The --policy of the one Ready router pod (None while a rollout has two, or none)."""
+    pods = deployment.pods(contract.ROUTER_COMPONENT)
+    if len(pods) != 1 or not is_ready(pods[0]):
+        return None
+    args = pods[0]["spec"]["containers"][0]["args"]
+    return args[args.index("--policy") + 1]
+
+
 @pytest.fixture(scope="module")
-def arriving_together(deployment):
-    """Agents' sessions start at once: the first turns of four new sessions sent together
-    through vllm-router, then two later turns of each, one request at a time. Per later turn,
-    the prefill pod whose counters moved and its hits."""
+def named_sessions(deployment):
+    """Agents that name their sessions (the OpenAI `user` field), with
+    `spec.router.sessionAffinity: sessionId` applied (the modules after this one keep it):
+    the first turns of two new sessions sent together, then of two more one at a time, then
+    two later turns of each, one request at a time. Per later turn, the prefill pod whose
+    counters moved and its hits."""
+    deployment.apply(SESSION_AFFINITY)
+    wait_for(lambda: _router_policy(deployment) == "sticky_least_loaded", 180,
+             "the router rolled to sticky_least_loaded")
     deployment.settle()
     prefills = deployment.urls("prefill")
     router_url = deployment.router()
     sessions = [Session(seed) for seed in (400, 410, 420, 430)]
+
+    def body(i: int) -> dict:
+        return dict(sessions[i].body(deployment.model), user=f"agent-{i}")
+
+    def answered(i: int, answer: dict) -> None:
+        sessions[i].messages.append({"role": "assistant",
+                                     "content": answer["choices"][0]["message"]["content"]})
     for session in sessions:
         session.ask(1)
-    with ThreadPoolExecutor(len(sessions)) as pool:
-        answers = list(pool.map(lambda s: via_router(router_url, s.body(deployment.model)),
-                                sessions))
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda i: via_router(router_url, body(i)), (0, 1)))
+    answers += [via_router(router_url, body(i)) for i in (2, 3)]
     first = [a["usage"]["prompt_tokens"] for a in answers]
-    for session, answer in zip(sessions, answers):
-        session.messages.append({"role": "assistant",
-                                 "content": answer["choices"][0]["message"]["content"]})
+    for i, answer in enumerate(answers):
+        answered(i, answer)
     placed: dict[int, list[tuple[str, float]]] = {i: [] for i in range(len(sessions))}
     for turn in (2, 3):
         for i, session in enumerate(sessions):
             session.ask(turn)
             before = {pod: prefix_counters(url) for pod, url in prefills.items()}
-            answer = via_router(router_url, session.body(deployment.model))
+            answer = via_router(router_url, body(i))
             moved = {pod: (after[0] - before[pod][0], after[1] - before[pod][1])
                      for pod, after in ((p, prefix_counters(u)) for p, u in prefills.items())}
             ((pod, (_, hits)),) = [(p, d) for p, d in moved.items() if d[0]]
             placed[i].append((pod, hits))
-            session.messages.append({"role": "assistant",
-                                     "content": answer["choices"][0]["message"]["content"]})
+            answered(i, answer)
     (decode,) = deployment.urls("decode").values()
     return placed, first, block_tokens(decode)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "vllm-router 0.1.17's cache_aware spreads the first turns of sessions that arrive "
-    "together by requests in flight, but then sends the second turn of the sessions it "
-    "placed by load to the other prefill pod (no hit there; measured 2026-12-04), and it "
-    "puts sessions that arrive one at a time all on the first pod; no setting of 0.1.17 "
-    "changes either (docs/router.md, vllm-router)"))
-def test_sessions_arriving_together_spread_over_both_pods_and_stay(arriving_together):
-    """What prefix routing should do: sessions that start together land on both prefill
-    pods, and each later turn goes where its session's prefix is (its second turn hits all
-    of its first turn's whole blocks there)."""
-    placed, first, block = arriving_together
+def test_named_sessions_spread_over_both_pods_and_stay(named_sessions):
+    """Sessions land on both prefill pods, together or one at a time, and each later turn
+    goes where its session's prefix is (its second turn hits all of its first turn's whole
+    blocks there). With the default `prefix` affinity vllm-router 0.1.17 puts sessions that
+    arrive one at a time on one pod (docs/router.md)."""
+    placed, first, block = named_sessions
     pods = {turns[0][0] for turns in placed.values()}
     assert len(pods) == 2, f"every session on one prefill pod: {placed}"
     for i, turns in placed.items():

@@ -13,7 +13,7 @@ from longctx_core.quantity import format_bytes
 from longctx_core.plan.roles import RolePlan, ServingPlan
 
 from longctx_operator.controller.builders.digest import content_digest
-from longctx_operator.controller.routers import router_for
+from longctx_operator.controller.routers import Router
 from longctx_operator.controller.rendering import document
 
 # Loading weights after a crash is slow; vLLM drains in-flight requests on SIGTERM.
@@ -219,7 +219,7 @@ def template_digest(template: dict[str, Any]) -> str:
     return content_digest(json.dumps(template, sort_keys=True))[:16]
 
 
-def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
+def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     spec = role.spec
     volumes, mounts = _volumes(cr_name, role)
@@ -253,7 +253,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     if spec.placement.priorityClassName:
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
-    router_for(spec).engine_pod(role, annotations, pod_spec)
+    router.engine_pod(role, annotations, pod_spec)
     template = {"metadata": {"labels": contract.labels(cr_name, role.role, role.revision),
                              "annotations": annotations},
                 "spec": pod_spec}
@@ -278,11 +278,13 @@ def statefulset(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     }
 
 
-def revision_objects(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
-    """The objects of the plan's revision: its config, then each role's pods and PDB."""
+def revision_objects(cr: dict[str, Any], plan: ServingPlan, router: Router
+                     ) -> list[dict[str, Any]]:
+    """The objects of the plan's revision: its config, then each role's pods (with what
+    `router` needs on them) and PDB."""
     objects = [engine_configmap(cr, plan)]
     for role in plan.roles:
-        objects += [statefulset(cr, role), pod_disruption_budget(cr, role)]
+        objects += [statefulset(cr, role, router), pod_disruption_budget(cr, role)]
     return objects
 
 

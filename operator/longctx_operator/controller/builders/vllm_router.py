@@ -52,6 +52,13 @@ def _selector(cr_name: str, role: str, revision: str) -> list[str]:
     return [f"{k}={v}" for k, v in labels.items()]
 
 
+# By spec.router.sessionAffinity. cache_aware: a radix tree of the prompts each worker has
+# seen, so a session's turns go back to the pod that holds their prefix. sticky_least_loaded:
+# a session, named by the client, stays on the pod it was given, the one holding the fewest
+# sessions then.
+POLICIES = {"prefix": "cache_aware", "sessionId": "sticky_least_loaded"}
+
+
 def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[str]:
     """vllm-router 0.1.17's flags (vllm_router/router_args.py), every one explicit."""
     cr_name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
@@ -59,9 +66,7 @@ def router_args(cr: dict[str, Any], plan: ServingPlan, revision: str) -> list[st
     return [
         "--host", "$(POD_IP)", "--port", str(contract.VLLM_ROUTER_PORT),
         "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-        # A radix tree of the prompts each worker has seen: turns of one session go back to
-        # the prefill pod that holds their prefix.
-        "--policy", "cache_aware",
+        "--policy", POLICIES[plan.spec.router.sessionAffinity],
         "--service-discovery", "--service-discovery-namespace", namespace,
         "--service-discovery-port", str(WORKER_PORT),
         "--prefill-selector", *_selector(cr_name, "prefill", revision),
