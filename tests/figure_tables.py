@@ -151,9 +151,9 @@ def disaggregation_threshold(sources: dict[str, Cases]) -> list[str]:
     crossover = cases.get("crossover", {})
     lines = [row("new-turn tokens", "TTFT through prefill", "TTFT straight to decode",
                  "faster"), row("---:", "---:", "---:", "---")]
-    for case, f in cases.items():
-        if case == "crossover":
-            continue
+    sizes = sorted((f for case, f in cases.items() if case != "crossover"),
+                   key=lambda f: f["new_tokens"])
+    for f in sizes:
         faster = ("straight to decode" if f["straight_to_decode_s"] <= f["through_prefill_s"]
                   else "through prefill")
         lines.append(row(cell(f["new_tokens"]), seconds(f["through_prefill_s"]),
@@ -180,15 +180,18 @@ CPU_COST_ROWS = (("prefill", "prefill leg, its prefix cached there", "Token"),
 
 
 def cpu_costs(sources: dict[str, Cases]) -> list[str]:
-    """The decider's CPU costs (benchmarks/cpu_costs.py): each way's fit."""
+    """The decider's CPU costs (benchmarks/cpu_costs.py): each cost's fit, and for the two
+    ways that compute the new tokens the slope each reads alone."""
     (cases,) = sources.values()
     f = cases["calibration"]
-    lines = [row("cost", "fixed", "per token (per byte for NIXL)"), row("---", "---:", "---:")]
+    lines = [row("cost", "fixed", "per token (per byte for NIXL)", "per token, fitted alone"),
+             row("---", "---:", "---:", "---:")]
     for key, label, unit in CPU_COST_ROWS:
         per = f[key][f"per{unit}Seconds"]
+        apart = f[key].get("apartPerTokenSeconds")
         lines.append(row(label, f"{f[key]['fixedSeconds'] * 1e3:.1f} ms",
                          f"{per * 1e9:.2f} ns a byte" if unit == "Byte" else
-                         f"{per * 1e6:.0f} µs"))
+                         f"{per * 1e6:.0f} µs", "-" if apart is None else f"{apart * 1e6:.0f} µs"))
     lines += ["", f"{cell(f['engines'])}; {cell(f['machine'])}; NIXL moved "
                   f"{cell(f['kvBytesPerToken'])} B a token; the run took {cell(f['seconds'])} s."]
     return lines

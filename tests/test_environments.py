@@ -4,6 +4,7 @@ and the demo builds neither Prometheus nor the endpoint picker."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -95,3 +96,10 @@ def test_make_demo_builds_only_what_the_demo_runs():
         for call in re.findall(r"tools/python-env\.sh[^)>;&|]*", line):
             assert call.split()[1:2] == ["operator"], f"make demo builds the test env: {line}"
     assert "$(PY)" not in demo and "$(OPERATOR_PY)" in demo
+
+
+def test_the_recorded_cold_make_demo_took_at_most_20_minutes_on_2_cores():
+    """The first-run record tools/measure-first-run.sh wrote for `make demo` (empty caches)."""
+    record = json.loads((REPO / "docs" / "figures" / "first-run.json").read_text())["make demo"]
+    assert record["cores"] == 2 and record["total (s)"] <= 20 * 60, record
+    assert "engine environment" in record["steps (s)"] and "the demo itself" in record["steps (s)"]

@@ -20,6 +20,7 @@ import yaml
 from longctx_core import contract
 from longctx_core.api import spec as api
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.desired import desired_objects
 from tests.cluster.operator_process import OperatorProcess
 from tests.cluster.test_reconcile import children
@@ -96,7 +97,7 @@ def expected_children(cluster, namespace: str, name: str) -> set[tuple[str, str]
     cr = cluster.get("lcd", name, namespace)
     plan = serving_plan(api.load_spec(cr["spec"]), name)
     return {(o["kind"], o["metadata"]["name"])
-            for o in desired_objects(cr, plan, with_pod_monitor=False)}
+            for o in desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=False)}
 
 
 def assert_exactly_desired(cluster, namespace: str, live: set[str], gone: set[str]) -> None:

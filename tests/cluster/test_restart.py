@@ -10,6 +10,7 @@ from kopf.testing import KopfRunner
 
 from longctx_core.api import spec as api
 from longctx_core.plan.roles import serving_plan
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.desired import desired_objects
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, sts_name, wait_for
@@ -35,9 +36,9 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(cluster, na
     # Exactly the desired graph: nothing missing, nothing extra, every child owned by the CR.
     cr = example_cr("restart")
     cr["metadata"].update(namespace=namespace, uid="x")
+    plan = serving_plan(api.load_spec(cr["spec"]))
     expected = {(o["kind"], o["metadata"]["name"])
-                for o in desired_objects(cr, serving_plan(api.load_spec(cr["spec"])),
-                                           with_pod_monitor=False)}
+                for o in desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=False)}
     assert set(final) == expected, set(final) ^ expected
     assert sorted(p["metadata"]["name"] for p in pods
                   if p["metadata"]["labels"].get("app.kubernetes.io/component") in

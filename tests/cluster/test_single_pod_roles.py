@@ -28,6 +28,24 @@ def engine_pods(cluster, namespace: str) -> dict[str, dict]:
         if p["metadata"]["labels"].get(contract.COMPONENT_LABEL) in contract.ROLES}
 
 
+def pod_states(cluster, namespace: str) -> dict[str, tuple]:
+    """Each engine pod's uid, phase, node, deletion and unmet conditions: what a timed-out wait
+    shows."""
+    return {n: (p["metadata"]["uid"], p["status"].get("phase"), p["spec"].get("nodeName"),
+                p["metadata"].get("deletionTimestamp"),
+                [(c["type"], c.get("reason"), c.get("message")) for c in
+                 p["status"].get("conditions", []) if c.get("status") != "True"])
+            for n, p in engine_pods(cluster, namespace).items()}
+
+
+def cluster_status(cluster, namespace: str) -> dict:
+    (cr,) = cluster.list("longcontextdeployments", namespace)
+    status = cr.get("status") or {}
+    return {"rollout": status.get("rollout"),
+            "conditions": [(c["type"], c["status"], c.get("reason"))
+                           for c in status.get("conditions", [])]}
+
+
 def revisions(cluster, namespace: str) -> set[str]:
     return {s["metadata"]["labels"][contract.PAIRING_LABEL]
             for s in cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm")}
@@ -108,7 +126,11 @@ def test_without_room_it_says_so_and_stops_nothing(cluster, operator, namespace,
         return steady(cluster, namespace) is not None and any(
             p["metadata"]["labels"][contract.COMPONENT_LABEL] == "decode"
             and p["metadata"]["uid"] not in uids.values() for p in now.values())
-    wait_for(decode_restarted, 120, "the decode pod restarted in place")
+    try:
+        wait_for(decode_restarted, 120, "the decode pod restarted in place")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; pods: {pod_states(cluster, namespace)}; old uids: "
+                             f"{uids}; status: {cluster_status(cluster, namespace)}") from None
 
 
 def test_a_node_drain_moves_the_only_pod_first(cluster, operator, namespace):

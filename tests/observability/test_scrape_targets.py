@@ -20,6 +20,7 @@ from longctx_core import contract
 from longctx_core.api import spec as api
 from longctx_core.plan.roles import serving_plan
 from tests.engine_pods import Pod, pod_command
+from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.desired import desired_objects
 from tests.helm.chart import by_kind, documents, helm_binary, template_text
 
@@ -110,7 +111,7 @@ def _manifest(name: str) -> dict[str, Any]:
 
 def operator_targets(cr: dict[str, Any]) -> tuple[list[Target], list[dict[str, Any]]]:
     plan = serving_plan(api.load_spec(cr["spec"]), cr["metadata"]["name"])
-    objects = desired_objects(cr, plan, with_pod_monitor=True)
+    objects = desired_objects(cr, plan, router_for(plan.spec), with_pod_monitor=True)
     targets = [t for o in objects if o["kind"] == "PodMonitor"
                for t in pod_monitor_targets(o, objects)]
     return targets, objects
