@@ -5,7 +5,7 @@
 # Python >= 3.12: set BENCH_PYTHON, or have python3.12 on PATH.
 set -euo pipefail
 TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE_ROOT="${LONGCTX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/longctx}"
+source "$TOOLS_DIR/venv-lib.sh"
 # The first interpreter >= 3.12 among BENCH_PYTHON, those on PATH and pyenv's installs.
 find_python() {
   local c
@@ -18,25 +18,11 @@ find_python() {
   return 1
 }
 REQS="$TOOLS_DIR/requirements-bench.txt"
-key=$(sha256sum < "$REQS" | cut -c1-16)
-VENV="$CACHE_ROOT/bench-$key"
-mkdir -p "$CACHE_ROOT"
-# One builder at a time: a second caller waits here instead of deleting a half-built venv.
-exec 9>"$VENV.lock"
-flock 9
-if [[ ! -f "$VENV/.complete" ]]; then
-  if ! PYTHON=$(find_python); then
-    echo "[bench-env] inference-perf needs Python >= 3.12: install python3.12 or set BENCH_PYTHON" >&2
-    exit 1
-  fi
-  start=$SECONDS
-  echo "[bench-env] creating $VENV (first time: inference-perf, matplotlib; ~1-2 min)" >&2
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip >&2
-  "$VENV/bin/pip" install --progress-bar off --no-deps -r "$REQS" >&2
-  touch "$VENV/.complete"
-  echo "[bench-env] created $VENV in $((SECONDS - start)) s" >&2
+if ! PYTHON=$(find_python); then
+  echo "[bench-env] inference-perf needs Python >= 3.12: install python3.12 or set BENCH_PYTHON" >&2
+  exit 1
 fi
+VENV=$(venv_path bench "$REQS")
+ensure_venv bench-env "$VENV" "$PYTHON" "inference-perf, matplotlib; ~1-2 min" --no-deps -r "$REQS"
 flock -u 9
 echo "$VENV"

@@ -38,9 +38,9 @@ def look(cr: dict[str, Any], revisions: dict[str, rollout.Revision], desired: st
 
 
 def drain_scale_down(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
-                     drain: float, revisions: dict[str, rollout.Revision], desired: list[dict[str, Any]],
-                     idle: dict[str, float]) -> tuple[list[tuple[str, str, str]],
-                                                      Optional[float]]:
+                     drain: float, revisions: dict[str, rollout.Revision],
+                     desired: list[dict[str, Any]], idle: dict[str, float]
+                     ) -> tuple[list[tuple[str, str, str]], Optional[float]]:
     """Pods a scale-down removes leave the pool first and go once drained (idle, or the
     window over): the desired StatefulSets keep their live replicas until then. With
     vllm-router, the router's pod template names the leaving pods, so it rolls to a pod
