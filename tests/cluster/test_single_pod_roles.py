@@ -38,14 +38,6 @@ def pod_states(cluster, namespace: str) -> dict[str, tuple]:
             for n, p in engine_pods(cluster, namespace).items()}
 
 
-def cluster_status(cluster, namespace: str) -> dict:
-    (cr,) = cluster.list("longcontextdeployments", namespace)
-    status = cr.get("status") or {}
-    return {"rollout": status.get("rollout"),
-            "conditions": [(c["type"], c["status"], c.get("reason"))
-                           for c in status.get("conditions", [])]}
-
-
 def revisions(cluster, namespace: str) -> set[str]:
     return {s["metadata"]["labels"][contract.PAIRING_LABEL]
             for s in cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm")}
@@ -130,7 +122,7 @@ def test_without_room_it_says_so_and_stops_nothing(cluster, operator, namespace,
         wait_for(decode_restarted, 120, "the decode pod restarted in place")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; pods: {pod_states(cluster, namespace)}; old uids: "
-                             f"{uids}; status: {cluster_status(cluster, namespace)}") from None
+                             f"{uids}; status: {status(cluster, namespace)}") from None
 
 
 def test_a_node_drain_moves_the_only_pod_first(cluster, operator, namespace):
