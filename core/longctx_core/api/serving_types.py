@@ -82,9 +82,10 @@ class Router(APIObject):
             "sidecarImage", "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"),))
     sessionAffinity: str = api_field(
         "How vllm-router keeps a conversation on the prefill pod that holds its prefix. "
-        "prefix: by the prompts each pod has seen (cache_aware); new sessions go to the pod "
-        "with the fewest requests in flight, so sessions arriving one at a time share a "
-        "pod. sessionId: by the session each client names (the X-Session-ID header or the "
+        "prefix: cache_aware, which in P/D mode matches token ids that vllm-router 0.1.17 "
+        "cannot get from the engines, so each request goes to the pod with the fewest "
+        "requests in flight: sessions arriving one at a time share a pod, and a later turn "
+        "of sessions in flight together can land away from its prefix. sessionId: by the session each client names (the X-Session-ID header or the "
         "OpenAI user field; sticky_least_loaded): a new session goes to the pod holding the "
         "fewest, and a request that names none is balanced alone and reuses no prefix. "
         "llm-d's picker spreads sessions by prefix itself: keep prefix there.",

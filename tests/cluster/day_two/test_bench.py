@@ -20,6 +20,7 @@ import pytest
 from longctx_operator.bench.command import bench_env
 from longctx_operator.bench.report import SUMMARY_KEYS
 from tests.cluster.controlplane import REPO
+from tests.cluster.sessions import block_tokens
 from tests.figures import Figures
 
 pytestmark = pytest.mark.cluster
@@ -70,15 +71,16 @@ def test_every_request_succeeded_at_each_concurrency(swept):
 
 def test_throughput_counts_cached_input_tokens(swept):
     """ISL is the server's prompt_tokens: the prefill engines' prompt-token counter moved by
-    exactly the report's input tokens, cached ones included (hits > 0), and the figure is
-    (sum ISL + sum OSL) / duration / GPUs."""
+    exactly the report's input tokens, cached ones included (the one decode engine holds
+    every first turn, so its hits are > 0), and the figure is (sum ISL + sum OSL) /
+    duration / GPUs."""
     report, _ = swept
     for point in report["points"]:
-        prefill = point["engines"]["prefill"]
+        prefill, decode = point["engines"]["prefill"], point["engines"]["decode"]
         records = point["records"]
         assert sum(r["isl"] for r in records) == point["input_tokens"] == \
-            prefill["prompt_tokens"], point["concurrency"]
-        assert prefill["prefix_cache_hits"] > 0
+            prefill["prompt_tokens"] == decode["prompt_tokens"], point["concurrency"]
+        assert decode["prefix_cache_hits"] > 0, point["engines"]
         duration = max(r["end"] for r in records) - min(r["start"] for r in records)
         total = sum(r["isl"] + r["osl"] for r in records)
         assert point["throughput_tok_s_per_gpu"] == pytest.approx(total / duration / 3)
@@ -86,12 +88,28 @@ def test_throughput_counts_cached_input_tokens(swept):
         assert point["num_gpus"] == 3
 
 
-def test_prefix_cache_hits_from_the_second_turn(swept):
+def test_prefix_cache_hits_from_the_second_turn(served, swept):
     """Each session's blocks are its own (inference-perf seeds the text per trace), so the
-    first turns hit nothing; every hit is a second turn reusing its first turn's prefix."""
+    first turns hit nothing; every hit is a second turn reusing its first turn's prefix.
+    The one decode engine holds every first turn, so it hits each second turn's whole
+    first-turn blocks. The report's rate is the prefill engines' hits over their queries:
+    one session at a time, vllm-router sends every request to the same prefill pod, which
+    then holds every prefix; sessions in flight together are spread by load, and a second
+    turn hits only if it lands where its first turn did (docs/router.md)."""
     report, _ = swept
+    (decode_url,) = served.urls("decode").values()
+    block = block_tokens(decode_url)
     for point in report["points"]:
-        assert 0 < point["prefix_cache_hit_rate"] < 1, point["engines"]
+        prefill, decode = point["engines"]["prefill"], point["engines"]["decode"]
+        # Second turns resend their first turn, so the shorter half are the first turns.
+        first_turns = sorted(r["isl"] for r in point["records"])[:len(point["records"]) // 2]
+        assert decode["prefix_cache_hits"] == sum(isl // block * block for isl in first_turns), \
+            (first_turns, block, decode)
+        assert point["prefix_cache_hit_rate"] == pytest.approx(
+            prefill["prefix_cache_hits"] / prefill["prefix_cache_queries"])
+        assert 0 <= prefill["prefix_cache_hits"] <= decode["prefix_cache_hits"], point["engines"]
+        if point["concurrency"] == 1:
+            assert prefill["prefix_cache_hits"] == decode["prefix_cache_hits"], point["engines"]
     assert all(p["nixl_bytes"] > 0 for p in report["points"])
 
 

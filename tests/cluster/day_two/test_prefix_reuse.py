@@ -35,7 +35,7 @@ from longctx_core import contract
 from longctx_operator.controller.builders import picker
 from tests.cluster import ext_proc
 from tests.cluster.picker import picker_kubeconfig, picker_process, upstream_picker
-from tests.cluster.real_engines import http_json
+from tests.cluster.real_engines import http_json, metrics
 from tests.cluster.traffic import is_ready
 from tests.cluster.sessions import (CHAT_PATH, REQUEST_TIMEOUT, Session, Turn, block_tokens,
                                     disaggregated, hit_rates_by_turn, later_turns_rate,
@@ -121,7 +121,11 @@ def measured(deployment, cluster):
                                  + deployment.real.pod_logs(deployment.namespace)) from exc
         _record(name, results[name], time.monotonic() - started)
 
+    decisions_before = _prefix_decisions(deployment)
     run(ROUTINGS[0], lambda body: via_router(router_url, body), 0)
+    after = _prefix_decisions(deployment)
+    router_decisions = {outcome: after[outcome] - decisions_before.get(outcome, 0.0)
+                        for outcome in after}
 
     cluster.kubectl("apply", "-f", "-", input=_picker_objects(deployment))
     workdir = SESSION_DIR / "prefix-reuse"
@@ -142,7 +146,19 @@ def measured(deployment, cluster):
     picker_log = epp.log_path.read_text()
 
     run(ROUTINGS[2], random_routing(prefills, decode, RANDOM_SEED), 200)
-    return results, picker_log, block
+    return results, picker_log, block, router_decisions
+
+
+def _prefix_decisions(deployment) -> dict[str, float]:
+    """vllm-router's own count of its prefill picks by outcome
+    (`vllm_router_prefix_routing_decisions_total`): how each pick was made."""
+    (pod,) = deployment.pods(contract.ROUTER_COMPONENT)
+    samples = metrics(f"http://{pod['status']['podIP']}:{contract.VLLM_ROUTER_METRICS_PORT}"
+                      "/metrics")
+    name = "vllm_router_prefix_routing_decisions_total"
+    return {key.split('outcome="', 1)[1].split('"', 1)[0]: value
+            for key, value in samples.items()
+            if key.partition("{")[0] == name and 'stage="prefill"' in key}
 
 
 def _record(name: str, turns: list[Turn], seconds: float) -> None:
@@ -172,6 +188,17 @@ def test_prefix_aware_routings_send_each_later_turn_to_its_prefix_holder(measure
         assert not strays, f"{name}: turns away from the pod holding their prefix: {strays}"
 
 
+def test_vllm_router_picked_no_prefill_pod_by_prefix(measured):
+    """vllm-router 0.1.17's cache_aware routes a P/D request by prefix only with the prompt's
+    token ids, which it cannot get from these engines: it reports every prefill pick as
+    `missing_tokens` and falls back to the pod with the fewest requests in flight. Its
+    sessions stayed on their pod above only because one request at a time always finds
+    both pods idle and takes the first (docs/router.md)."""
+    results, *_, decisions = measured
+    assert set(decisions) == {"missing_tokens"}, decisions
+    assert decisions["missing_tokens"] >= len(results[ROUTINGS[0]]), decisions
+
+
 def test_each_turn_hits_exactly_the_blocks_its_pod_holds(measured):
     """The engines' hits are the whole blocks of the session's longest earlier prompt
     that the same pod prefilled: none for a first turn or a stray turn, the previous prompt
@@ -186,7 +213,7 @@ def test_each_turn_hits_exactly_the_blocks_its_pod_holds(measured):
 def test_prefix_aware_beats_random_by_what_the_strays_lose(measured):
     """Random's stray turns lose their whole previous prompt (in blocks); the prefix-aware
     hit rate over turns 2+ is above random's by at least that share of the queries."""
-    results, _, block = measured
+    results, _, block, _ = measured
     randomly = [t for t in results[ROUTINGS[2]] if t.turn >= 2]
     previous = {(t.session, t.turn): t.prompt_tokens for t in results[ROUTINGS[2]]}
     lost = sum(previous[(t.session, t.turn - 1)] // block * block - t.hits
@@ -211,7 +238,7 @@ def test_the_kv_still_moved_to_decode_over_nixl(measured):
 
 
 def test_the_picker_routed_on_the_engines_metrics(measured):
-    _, log, _ = measured
+    _, log, *_ = measured
     assert "forbidden" not in log.lower(), log[-3000:]
     assert "Found cached servers" in log, "the picker's prefix index never matched a turn"
 
