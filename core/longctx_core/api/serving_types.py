@@ -85,9 +85,10 @@ class Router(APIObject):
         "prefix: cache_aware, which in P/D mode matches token ids that vllm-router 0.1.17 "
         "cannot get from the engines, so each request goes to the pod with the fewest "
         "requests in flight: sessions arriving one at a time share a pod, and a later turn "
-        "of sessions in flight together can land away from its prefix. sessionId: by the session each client names (the X-Session-ID header or the "
-        "OpenAI user field; sticky_least_loaded): a new session goes to the pod holding the "
-        "fewest, and a request that names none is balanced alone and reuses no prefix. "
+        "of sessions in flight together can land away from its prefix. sessionId: by the "
+        "session each client names (the X-Session-ID header or the OpenAI user field; "
+        "sticky_least_loaded): a new session goes to the pod holding the fewest, and a "
+        "request that names none is balanced alone and reuses no prefix. "
         "llm-d's picker spreads sessions by prefix itself: keep prefix there.",
         "prefix", enum=("prefix", "sessionId"))
     prefixCache: PrefixCache = api_field("Prefix-cache scoring.", PrefixCache())

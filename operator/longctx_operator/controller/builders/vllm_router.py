@@ -52,10 +52,10 @@ def _selector(cr_name: str, role: str, revision: str) -> list[str]:
     return [f"{k}={v}" for k, v in labels.items()]
 
 
-# By spec.router.sessionAffinity. cache_aware: a radix tree of the prompts each worker has
-# seen, so a session's turns go back to the pod that holds their prefix. sticky_least_loaded:
-# a session, named by the client, stays on the pod it was given, the one holding the fewest
-# sessions then.
+# By spec.router.sessionAffinity. cache_aware: in P/D mode 0.1.17 matches prefixes on token
+# ids it cannot get from the engines, so it picks the pod with the fewest requests in flight
+# (docs/router.md). sticky_least_loaded: a session, named by the client, stays on the pod it
+# was given, the one holding the fewest sessions then.
 POLICIES = {"prefix": "cache_aware", "sessionId": "sticky_least_loaded"}
 
 
