@@ -48,6 +48,9 @@ PICKER_METRICS_PORT = 9090
 # vllm-router's client port and its Prometheus exporter.
 VLLM_ROUTER_PORT = 8080
 VLLM_ROUTER_METRICS_PORT = 29000
+# The client-facing endpoint (answers continued across engine faults): its OpenAI API, its
+# /health and its /metrics, on one port.
+ENDPOINT_PORT = 8090
 # An InferencePool lists at most this many target ports.
 MAX_POOL_TARGET_PORTS = 8
 
@@ -116,6 +119,7 @@ PICKER_CONFIG_ANNOTATION = "longctx.dev/picker-config-sha256"
 ACTIVE_PORTS_ANNOTATION = "llm-d.ai/active-ports"
 LEGACY_ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 ROUTER_COMPONENT = "router"
+ENDPOINT_COMPONENT = "endpoint"
 MONITORING_COMPONENT = "monitoring"
 ENGINE_CONFIG_COMPONENT = "engine"
 
@@ -196,6 +200,12 @@ def picker(cr_name: str) -> str:
 def vllm_router(cr_name: str) -> str:
     """Deployment, Service, ServiceAccount, Role, RoleBinding and PodMonitor of vllm-router."""
     return f"{cr_name}-router"
+
+
+def endpoint(cr_name: str) -> str:
+    """Deployment, Service, PodDisruptionBudget, ServiceAccount, Role and RoleBinding of the
+    client-facing endpoint."""
+    return f"{cr_name}-endpoint"
 
 
 def inference_pool(cr_name: str) -> str:
