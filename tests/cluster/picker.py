@@ -19,12 +19,11 @@ from typing import Iterator
 import pytest
 import yaml
 
+from longctx_operator.controller.builders.picker import PICKER_HEALTH_SERVICE
+from tests.cluster.pod_process import grpc_health_serving
 from tests.cluster.processes import free_port
 from tests.conftest import REPO, wait_for
 
-# grpc.health.v1 HealthCheckRequest{service} and HealthCheckResponse{status: SERVING}, encoded
-# by hand (protobuf wire format) so the tests need only grpcio.
-SERVING = b"\x08\x01"
 
 
 def upstream_picker() -> Path:
@@ -58,11 +57,6 @@ def picker_kubeconfig(cluster, namespace: str, service_account: str, directory: 
     return path
 
 
-def _health_request(service: str) -> bytes:
-    data = service.encode()
-    return b"\x0a" + bytes([len(data)]) + data
-
-
 @dataclass
 class Picker:
     proc: subprocess.Popen
@@ -72,18 +66,11 @@ class Picker:
 
     def wait_serving(self, timeout: float = 90) -> None:
         """Until its gRPC health on 127.0.0.1 says SERVING; fails with its log if it exits."""
-        import grpc
-
         def serving():
             if self.proc.poll() is not None:
                 raise AssertionError(f"the picker exited with {self.proc.returncode}: "
                                      f"{self.log_path.read_text()[-4000:]}")
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
-                    check = channel.unary_unary("/grpc.health.v1.Health/Check")
-                    return check(_health_request("inference-extension"), timeout=2) == SERVING
-            except grpc.RpcError:
-                return False
+            return grpc_health_serving("127.0.0.1", self.health_port, PICKER_HEALTH_SERVICE, 2)
 
         wait_for(serving, timeout, "the picker's gRPC health SERVING on 127.0.0.1", interval=1)
 

@@ -25,7 +25,7 @@ import yaml
 
 from tests.cluster.controlplane import REPO, ControlPlane
 from tests.cluster.pod_network import POD_NETWORK, in_pod_network, netns_inode, pids_in_netns
-from tests.cluster.pod_runner import PodRunner
+from tests.cluster.pod_runner import Image, PodRunner
 from tests.contract.variants import deep_merge
 
 EXAMPLE = REPO / "examples" / "tiny-mla-cpu.yaml"
@@ -160,9 +160,11 @@ class Endpoints:
 class RealEngines:
     """Loopback nodes and their kubelet on a running control plane, and CRs applied there."""
 
-    def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1, octet: int = 100):
+    def __init__(self, cp: ControlPlane, workdir: Path, nodes: int = 1, octet: int = 100,
+                 images: dict[str, Image] | None = None):
         """`octet`: the first node's pod CIDR is 198.18.<octet>.0/24 (the next node's the
-        next): modules that run at once on one machine then draw from separate ranges."""
+        next): modules that run at once on one machine then draw from separate ranges.
+        `images`: more images the nodes run, beside the engine's and vllm-router's."""
         self.cp = cp
         self.env = engine_env()
         self.models = tiny_models(self.env)
@@ -178,7 +180,7 @@ class RealEngines:
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
                                 image_map={image: self.env for image in (
                                     ENGINE_IMAGE, ROUTER_IMAGE, ENGINE_IMAGE_NEXT,
-                                    ROUTER_IMAGE_NEXT)},
+                                    ROUTER_IMAGE_NEXT)} | (images or {}),
                                 volume_map={MODELS_CLAIM: self.models}, workdir=workdir,
                                 max_grace=10)
 

@@ -291,3 +291,40 @@ def test_a_pod_deleted_while_starting_leaves_nothing_behind(cluster, runner, nam
         assert not any(os.path.exists(f"/proc/{pid}") for pid in pids), (uid, pids)
     ports = os.listdir(f"/sys/class/net/{BRIDGE}/brif")
     assert veth_name(p["metadata"]["uid"]) in ports
+
+
+def grpc_health_server(name: str, service: str, serving_flag: Path, checks: Path) -> dict:
+    """A pod serving grpc.health.v1 on port 9003: NOT_SERVING for `service` until the file
+    `serving_flag` exists, SERVING after; it appends a line to `checks` per check answered.
+    Unknown services get NOT_FOUND, as grpc's own health servicer answers them."""
+    script = ("import grpc, os\n"
+              "from concurrent import futures\n"
+              "def check(request, context):\n"
+              f"    with open({str(checks)!r}, 'a') as f: f.write('check\\n')\n"
+              f"    if request[2:].decode() != {service!r}:\n"
+              "        context.abort(grpc.StatusCode.NOT_FOUND, 'unknown service')\n"
+              f"    return b'\\x08\\x01' if os.path.exists({str(serving_flag)!r}) else b'\\x08\\x02'\n"
+              "handler = grpc.method_handlers_generic_handler('grpc.health.v1.Health', {\n"
+              "    'Check': grpc.unary_unary_rpc_method_handler(check)})\n"
+              "server = grpc.server(futures.ThreadPoolExecutor(2))\n"
+              "server.add_generic_rpc_handlers((handler,))\n"
+              "server.add_insecure_port('[::]:9003')\n"
+              "server.start(); server.wait_for_termination()\n")
+    return pod(name, ["python3", "-c", script], container={
+        "ports": [{"name": "grpc-health", "containerPort": 9003}],
+        "readinessProbe": {"grpc": {"port": 9003, "service": service}, "periodSeconds": 1}})
+
+
+def test_grpc_probes_use_the_grpc_health_protocol(cluster, runner, namespace, tmp_path):
+    """A grpc probe is the standard health check for the probe's service: NOT_SERVING keeps
+    the pod un-Ready, SERVING makes it Ready (llm-d's picker is probed this way)."""
+    flag, checks = tmp_path / "serving", tmp_path / "checks"
+    create(cluster, namespace, grpc_health_server("health", "inference-extension", flag, checks))
+    wait_pod(cluster, runner, namespace, "health",
+             lambda p: main_status(p).get("started"), "the health server running")
+    # Evidence that probes ran and were answered NOT_SERVING, then the negative assertion.
+    wait_for(lambda: checks.exists() and len(checks.read_text().splitlines()) >= 3, 30,
+             "three gRPC health checks answered")
+    assert not is_ready(cluster.get("pod", "health", namespace))
+    flag.touch()
+    wait_pod(cluster, runner, namespace, "health", is_ready, "Ready once SERVING")
