@@ -56,12 +56,12 @@ MAX_POOL_TARGET_PORTS = 8
 
 # ---------------------------------------------------------------- addresses
 
-# Where the servers of an engine pod listen, so that every client finds them. vLLM binds every
-# address of the pod's network namespace: vllm-router and the picker dial it on the pod IP,
-# llm-d's routing sidecar on loopback (SIDECAR_MODEL_SERVER_HOST, which it has no flag to
-# change). The NIXL side channel binds and advertises the pod IP (ENV_NIXL_HOST), which the
-# other role's engines dial. docs/router.md lists every dial, derived from the rendering.
-ENGINE_LISTEN_HOST = "0.0.0.0"
+# Where the servers of an engine pod listen, so that every client finds them. vLLM is given
+# no --host: its default binds every address of the pod's network namespace, where
+# vllm-router and the picker dial the pod IP and llm-d's routing sidecar dials loopback
+# (SIDECAR_MODEL_SERVER_HOST, which it has no flag to change). The NIXL side channel binds
+# and advertises the pod IP (ENV_NIXL_HOST), which the other role's engines dial.
+# docs/router.md lists every dial, read from the rendering.
 SIDECAR_MODEL_SERVER_HOST = "localhost"
 
 # ---------------------------------------------------------------- environment and paths

@@ -30,7 +30,7 @@ def test_an_engine_bound_to_the_pod_ip_leaves_the_sidecar_unanswered():
         key = contract.launch_key("decode")
         if obj["kind"] == "ConfigMap" and key in (obj.get("data") or {}):
             doc = json.loads(obj["data"][key])
-            doc["argv"][doc["argv"].index("--host") + 1] = f"${{{contract.ENV_POD_IP}}}"
+            doc["argv"] += ["--host", f"${{{contract.ENV_POD_IP}}}"]
             obj["data"][key] = json.dumps(doc)
     (missing,) = dials.unanswered(objects)
     assert (missing.client, missing.server, missing.host) == (

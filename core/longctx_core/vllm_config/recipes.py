@@ -121,7 +121,8 @@ def build_command(plan: RolePlan, cr_name: str, namespace: str) -> EngineCommand
     argv = ["vllm", "serve", model]
     if spec.model.servedName:
         argv += ["--served-model-name", spec.model.servedName]
-    argv += ["--host", contract.ENGINE_LISTEN_HOST, "--port", str(ports.http[0]), "--tensor-parallel-size", str(lay.tensorParallel)]
+    # No --host: every address of the pod (contract, "addresses").
+    argv += ["--port", str(ports.http[0]), "--tensor-parallel-size", str(lay.tensorParallel)]
     if lay.pipelineParallel > 1:
         argv += ["--pipeline-parallel-size", str(lay.pipelineParallel)]
     if lay.prefillContextParallel > 1:
