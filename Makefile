@@ -8,7 +8,7 @@ PYTHON_ENV = $(shell tools/python-env.sh)
 PY = $(PYTHON_ENV)/bin/python
 # The operator's own environment (no vLLM, no torch): the demo and the offline commands.
 OPERATOR_PY = $(shell tools/python-env.sh operator)/bin/python
-export PYTHONPATH := $(CURDIR)/core:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/core:$(CURDIR)/engine:$(CURDIR)/operator:$(CURDIR)/kernels:$(CURDIR)
 
 .PHONY: demo demo-deps test test-day2 unit figures cluster-bins python-env operator-env engine-env bench-env crds plan render
 

@@ -48,7 +48,7 @@ sys.path[:0] = [str(REPO), str(REPO / "core")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_core.api.spec import load_spec  # noqa: E402
-from longctx_core.launcher.launch import fill  # noqa: E402
+from longctx_core.launch import fill  # noqa: E402
 from longctx_core.sizing.cpu_costs import DATA_FILE  # noqa: E402
 from longctx_core.plan.roles import role_plan  # noqa: E402
 from longctx_core.vllm_config.recipes import launch_document  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-for sub in ("core", "operator", "kernels"):
+for sub in ("core", "engine", "operator", "kernels"):
     if str(REPO / sub) not in sys.path:
         sys.path.insert(0, str(REPO / sub))
 

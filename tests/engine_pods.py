@@ -1,11 +1,11 @@
 """What one engine pod runs, for tests: its role's launch document filled with the pod's name
-and IP, as the pod's launcher fills it (longctx_core/launcher/entrypoint.py)."""
+and IP, as the pod's launcher fills it (engine/longctx_engine/entrypoint.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx_core.launcher.launch import fill
+from longctx_core.launch import fill
 from longctx_core.plan.roles import RolePlan
 from longctx_core.vllm_config.recipes import EngineCommand, launch_document
 

@@ -22,7 +22,7 @@ import yaml
 
 from longctx_core import contract
 from longctx_core.api import spec as api
-from longctx_core.launcher.launch import parse
+from longctx_core.launch import parse
 from longctx_core.plan.roles import serving_plan
 
 from longctx_operator.controller.builders.router import SIDECAR_NAME

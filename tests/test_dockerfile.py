@@ -269,8 +269,8 @@ def test_engine_cpu_vllm_launcher():
     assert body == _engine_env_launcher().partition("\n")[2]
     tree = ast.parse(text)
     imports = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
-    assert any(n.module == "longctx_core.launcher.vllm_cli" and [a.name for a in n.names] == ["main"]
-               for n in imports), "the launcher does not import longctx_core.launcher.vllm_cli.main"
+    assert any(n.module == "longctx_engine.vllm_cli" and [a.name for a in n.names] == ["main"]
+               for n in imports), "the launcher does not import longctx_engine.vllm_cli.main"
     calls = [n for n in tree.body if isinstance(n, ast.Expr)]
     assert not calls, "the launcher runs code outside its __main__ guard (spawn re-runs it)"
     guards = [n for n in tree.body if isinstance(n, ast.If)
@@ -278,7 +278,7 @@ def test_engine_cpu_vllm_launcher():
     assert len(guards) == 1, "the launcher has no `if __name__ == \"__main__\":` guard"
     assert any(isinstance(c, ast.Call) and ast.unparse(c.func) == "main"
                for c in ast.walk(guards[0])), "the __main__ guard does not call main()"
-    from longctx_core.launcher import vllm_cli
+    from longctx_engine import vllm_cli
     assert callable(vllm_cli.main)
 
 
@@ -349,7 +349,7 @@ def test_entrypoints_are_console_scripts():
         entry = exec_form(stage, "ENTRYPOINT")
         assert entry[0] in SCRIPTS, f"{stage}: {entry[0]} is not in [project.scripts]"
     assert exec_form("engine", "ENTRYPOINT") == ["longctx-engine"]
-    assert SCRIPTS["longctx-engine"] == "longctx_core.launcher.entrypoint:main"
+    assert SCRIPTS["longctx-engine"] == "longctx_engine.entrypoint:main"
     assert SCRIPTS["longctx"].startswith("longctx_operator.")
 
 
@@ -357,8 +357,8 @@ def test_console_script_targets_exist():
     for name, target in SCRIPTS.items():
         module, func = target.split(":")
         top = module.split(".")[0]
-        folder = {"longctx_core": "core", "longctx_operator": "operator",
-                  "longctx_kernels": "kernels"}[top]
+        folder = {"longctx_core": "core", "longctx_engine": "engine",
+                  "longctx_operator": "operator", "longctx_kernels": "kernels"}[top]
         path = REPO / folder / (module.replace(".", "/") + ".py")
         if name == "longctx-kernels" and not path.exists():
             continue   # the kernels CLI is another engineer's, not referenced by the Dockerfile

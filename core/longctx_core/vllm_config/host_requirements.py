@@ -4,7 +4,7 @@ the launcher checks it before `vllm serve` loads the model (launch.Requirement).
 from __future__ import annotations
 
 from longctx_core.sizing import cpu_platform
-from longctx_core.launcher.launch import Requirement
+from longctx_core.launch import Requirement
 from longctx_core.quantity import GiB
 from longctx_core.plan.roles import RolePlan
 

@@ -18,7 +18,7 @@ from longctx_core import contract
 from longctx_core.sizing import cpu_platform
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.vllm_config.host_requirements import host_requirements
-from longctx_core.launcher.launch import PLACEHOLDERS, LaunchDocument
+from longctx_core.launch import PLACEHOLDERS, LaunchDocument
 from longctx_core.quantity import GiB
 from longctx_core.plan.roles import RolePlan
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from longctx_core import contract
 from longctx_core.vllm_config.compat import pd_compatibility
-from longctx_core.launcher.launch import LaunchDocument, LaunchError, fill, parse
+from longctx_core.launch import LaunchDocument, LaunchError, fill, parse
 from longctx_core.vllm_config.recipes import EngineCommand
 from longctx_core.plan.roles import ServingPlan
 from longctx_core.plan.rules import RecipeError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from longctx_core.launcher.launch import LaunchDocument
+from longctx_core.launch import LaunchDocument
 from longctx_core.plan.roles import RolePlan, ServingPlan
 from longctx_core.vllm_config.recipes import launch_document
 

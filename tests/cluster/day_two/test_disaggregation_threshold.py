@@ -21,7 +21,7 @@ import pytest
 
 from longctx_core import contract
 from longctx_core.api.spec import load_spec
-from longctx_core.launcher.vllm_plugin import bound_cores
+from longctx_engine.vllm_plugin import bound_cores
 from longctx_core.sizing.decider import threshold
 from tests.cluster.real_engines import engine_cores, http_json, kv_counters, words
 from tests.cluster.sessions import REQUEST_TIMEOUT, block_tokens

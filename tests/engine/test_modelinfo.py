@@ -1,9 +1,9 @@
-"""launcher/modelinfo.py: the image's copy of vLLM's model-info cache goes where vLLM looks,
+"""longctx_engine/modelinfo.py: the image's copy of vLLM's model-info cache goes where vLLM looks,
 without touching what a pod's cache already holds."""
 
 from __future__ import annotations
 
-from longctx_core.launcher import modelinfo
+from longctx_engine import modelinfo
 
 
 def test_the_cache_is_where_vllm_looks():

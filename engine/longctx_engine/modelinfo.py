@@ -7,7 +7,7 @@ source) holds the answer. An engine pod's cache folder is an emptyDir, empty in 
 pod, so the image carries the answers for the architectures it serves, written when it is
 built:
 
-    python -m longctx_core.launcher.modelinfo [ARCHITECTURE ...]
+    python -m longctx_engine.modelinfo [ARCHITECTURE ...]
 
 and the entrypoint copies them in before it starts vLLM (`seed`). A copy made for another
 vLLM build does not match its hash, and vLLM inspects the class as before. Stdlib only

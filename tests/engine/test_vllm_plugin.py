@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from longctx_core import contract
-from longctx_core.launcher.vllm_plugin import bound_cores, keeping_cores, with_progress_delay
+from longctx_engine.vllm_plugin import bound_cores, keeping_cores, with_progress_delay
 from tests.cluster.real_engines import engine_env
 
 # An idle NIXL agent after vLLM loaded its general plugins: its CPU time over 2 s.

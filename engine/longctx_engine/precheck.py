@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from longctx_core.launcher.launch import LaunchDocument, Requirement
+from longctx_core.launch import LaunchDocument, Requirement
 from longctx_core.quantity import GiB
 
 SHM_PATH = "/dev/shm"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from longctx_core.launcher import vllm_cli
+from longctx_engine import vllm_cli
 
 
 def fake_version(installed: dict[str, str]):
@@ -63,7 +63,7 @@ def test_install_is_idempotent(installed):
 
 
 def test_import_loads_no_vllm():
-    code = ("import sys, longctx_core.launcher.vllm_cli; "
+    code = ("import sys, longctx_engine.vllm_cli; "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')); "
             "assert not heavy, heavy")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from longctx_core.launcher import entrypoint, launch
+from longctx_core import launch
+from longctx_engine import entrypoint
 from longctx_core.contract import CONFIG_DIR, launch_key
-from longctx_core.launcher.precheck import HostProbe
+from longctx_engine.precheck import HostProbe
 from longctx_core.quantity import GiB
 from longctx_core.plan.roles import serving_plan
 from longctx_core.vllm_config.recipes import launch_document
@@ -142,9 +143,10 @@ def test_cli_dry_run_prints_what_render_wrote(tmp_path):
                            env={**os.environ})
         assert r.returncode == 0, r.stderr
         doc.write_text(r.stdout)
-        r = subprocess.run([sys.executable, "-m", "longctx_core.launcher.entrypoint", "run",
+        r = subprocess.run([sys.executable, "-m", "longctx_engine.entrypoint", "run",
                             str(doc), "--dry-run"], capture_output=True, text=True,
-                           env={"PYTHONPATH": str(REPO / "core"), "PATH": os.environ["PATH"]})
+                           env={"PYTHONPATH": f"{REPO / 'core'}:{REPO / 'engine'}",
+                                "PATH": os.environ["PATH"]})
         assert r.returncode == 0, r.stderr
         parsed = launch.parse(doc.read_text())
         filled = launch.fill(parsed, f"glm-{role}-0", "127.0.0.1")
@@ -169,3 +171,17 @@ def test_preflight_runs_before_vllm_when_asked(tmp_path, verdict, started):
 def test_no_preflight_unless_asked(config):
     rc, out, _, calls = run(config)
     assert rc == 0 and calls and "preflight" not in out
+
+
+def test_the_entrypoint_imports_no_planner_model_or_api():
+    """The pod runs what the operator rendered: the launcher loads no code that could
+    compute it again (and so cannot disagree with the operator that rendered it)."""
+    code = ("import sys, json; import longctx_engine.entrypoint; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('longctx_'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": f"{REPO / 'core'}:{REPO / 'engine'}"})
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    assert loaded == {"longctx_core", "longctx_core.contract", "longctx_core.launch",
+                      "longctx_core.quantity", "longctx_engine", "longctx_engine.entrypoint",
+                      "longctx_engine.modelinfo", "longctx_engine.precheck"}, loaded

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import types
 
-from longctx_core.launcher import precheck
-from longctx_core.launcher.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
+from longctx_engine import precheck
+from longctx_engine.precheck import (HostProbe, check_env, check_gpus, check_host_memory,
                                      check_shm, check_vllm_version, run_prechecks)
 from longctx_core.quantity import GiB
 from longctx_core.plan.roles import serving_plan

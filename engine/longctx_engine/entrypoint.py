@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from longctx_core.contract import ENV_POD_IP, ENV_POD_NAME
-from longctx_core.launcher import modelinfo
-from longctx_core.launcher.launch import Launch, LaunchDocument, LaunchError, fill, parse
-from longctx_core.launcher.precheck import CheckResult, HostProbe, run_prechecks
+from longctx_engine import modelinfo
+from longctx_core.launch import Launch, LaunchDocument, LaunchError, fill, parse
+from longctx_engine.precheck import CheckResult, HostProbe, run_prechecks
 
 
 def render(doc: LaunchDocument, launch: Launch) -> str:
