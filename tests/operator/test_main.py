@@ -1,79 +1,75 @@
-"""The work queue behind the Kopf handlers: one run per CR at a time, bursts coalesced."""
+"""The Controller behind Kopf's handlers: every failure of a reconcile is retried with
+back-off and reported; a success resets the back-off and queues the wake-up it asked for."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-from longctx_operator.runtime.main import WorkQueue
+import pytest
+
+from longctx_core import contract
+from longctx_operator.controller.reconcile import Outcome
+from longctx_operator.runtime import main
+from longctx_operator.runtime.kube import KubeError
+
+KEY = ("ns", "glm")
 
 
-def wait_idle(queue: WorkQueue, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not queue.idle():
-        assert time.monotonic() < deadline, "the queue did not drain"
-        time.sleep(0.01)
+class OneCR:
+    """A reading client holding one CR."""
+
+    def get(self, api_version, kind, namespace, name):
+        assert (kind, namespace, name) == (contract.KIND, *KEY)
+        return {"metadata": {"name": name, "namespace": namespace}}
 
 
-def test_requests_while_a_cr_waits_join_the_wait_and_while_it_runs_add_one_run():
-    queue = WorkQueue(workers=1)
-    gate, runs = threading.Event(), []
-    queue.request(("ns", "blocker"), gate.wait)       # holds the only worker
-    for _ in range(10):                                  # all wait behind it: one run
-        queue.request(("ns", "a"), lambda: runs.append("a"))
-    gate.set()
-    wait_idle(queue)
-    assert runs == ["a"]
-
-    started, release = threading.Event(), threading.Event()
-
-    def slow() -> None:
-        runs.append("slow")
-        started.set()
-        release.wait()
-
-    queue.request(("ns", "b"), slow)
-    started.wait(5)
-    for _ in range(10):                                  # during the run: one more run after it
-        queue.request(("ns", "b"), lambda: runs.append("again"))
-    release.set()
-    wait_idle(queue)
-    assert runs == ["a", "slow", "again"]
-    queue.stop()
+@pytest.fixture
+def controller(monkeypatch):
+    events = []
+    monkeypatch.setattr(main.kopf, "event", lambda cr, **kw: events.append(kw))
+    c = main.Controller(OneCR(), caches=None, workers=1)
+    c.queue.first_retry = 60   # nothing reruns during a test
+    c.events = events
+    yield c
+    c.queue.stop()
 
 
-def test_one_cr_never_runs_twice_at_once_and_other_crs_run_beside_it():
-    queue = WorkQueue(workers=4)
-    lock = threading.Lock()
-    active: dict[str, int] = {}
-    most_of_one_cr, most_at_once = 0, 0
-
-    def run(name: str) -> None:
-        nonlocal most_of_one_cr, most_at_once
-        with lock:
-            active[name] = active.get(name, 0) + 1
-            most_of_one_cr = max(most_of_one_cr, active[name])
-            most_at_once = max(most_at_once, sum(active.values()))
-        time.sleep(0.02)
-        with lock:
-            active[name] -= 1
-
-    for i in range(50):
-        name = f"cr-{i % 3}"
-        queue.request(("ns", name), lambda n=name: run(n))
-        time.sleep(0.002)
-    wait_idle(queue)
-    assert most_of_one_cr == 1, "a CR ran twice at once"
-    assert most_at_once > 1, "different CRs did not run beside each other"
-    queue.stop()
+def run_once(controller, monkeypatch, result) -> None:
+    def reconcile(kube, cr):
+        if isinstance(result, Exception):
+            raise result
+        return result
+    monkeypatch.setattr(main, "reconcile", reconcile)
+    controller._reconcile(KEY)
 
 
-def test_a_failing_run_does_not_stop_the_queue():
-    queue = WorkQueue(workers=1)
-    runs = []
-    queue.request(("ns", "a"), lambda: 1 / 0)
-    wait_idle(queue)
-    queue.request(("ns", "a"), lambda: runs.append("ok"))
-    wait_idle(queue)
-    assert runs == ["ok"]
-    queue.stop()
+@pytest.mark.parametrize("failure", [KubeError("apply StatefulSet x: Conflict"),
+                                     ValueError("a bug"), KeyError("status")])
+def test_any_failure_is_retried_with_back_off_and_reported(controller, monkeypatch, failure):
+    run_once(controller, monkeypatch, failure)
+    first = controller.queue.pending()[KEY]
+    assert 55 < first <= 60
+    run_once(controller, monkeypatch, failure)
+    first_event, second_event = controller.events
+    assert first_event["type"] == "Warning" and first_event["reason"] == "ReconcileFailed"
+    assert "retrying in 60 s" in first_event["message"]
+    assert "retrying in 120 s" in second_event["message"]
+    assert str(failure.args[0]) in first_event["message"]
+
+
+def test_a_success_resets_the_back_off_and_queues_its_wake_up(controller, monkeypatch):
+    run_once(controller, monkeypatch, ValueError("once"))
+    outcome = Outcome(phase="Ready", wake_after=30.0,
+                      events=[("Normal", "Ready", "serving")])
+    run_once(controller, monkeypatch, outcome)
+    assert 25 < controller.queue.pending()[KEY] <= 30   # the wake-up, earlier than the retry
+    assert controller.phases[KEY] == "Ready"
+    assert controller.queue.retry(KEY) == 60            # the back-off starts over
+    assert controller.events[-1] == {"type": "Normal", "reason": "Ready", "message": "serving"}
+
+
+def test_a_deleted_cr_is_forgotten(controller, monkeypatch):
+    monkeypatch.setattr(OneCR, "get", lambda self, *a: None)
+    controller.phases[KEY] = "Ready"
+    controller._reconcile(KEY)
+    assert KEY not in controller.phases and not controller.events
