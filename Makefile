@@ -47,10 +47,9 @@ demo: demo-deps
 
 test: python-env operator-env engine-env bench-env cluster-bins
 	@echo "[make test] control-plane binaries: $$(tools/build-control-plane.sh 2>/dev/null)"
-	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15 -m "not day_two_extended"
+	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests -v --durations=15
 
-# The real-engine day-two modules alone (one shared deployment), with the four changes under
-# traffic that make test leaves out (marker day_two_extended: each starts a new pair of engines).
+# The real-engine day-two modules alone (one shared deployment), every change under traffic.
 test-day2: python-env engine-env bench-env cluster-bins
 	@LONGCTX_BIN_DIR=$$(tools/build-control-plane.sh 2>/dev/null) $(PY) -m pytest tests/cluster/day_two -v --durations=15
 
@@ -58,11 +57,12 @@ test-day2: python-env engine-env bench-env cluster-bins
 unit: python-env operator-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
-# Every generated table of docs/: the figures the tests recorded (docs/figures/*.json), the
-# tests' case tables (docs/reliability.md) and the dials each router's components make
-# (docs/router.md, read from the rendering).
+# Every generated table of docs/: a run's figures (RUN=build/figures/<run>, default the latest
+# run; a test run records there, never into tracked files) into docs/figures/*.json and the
+# tables built from them, the tests' case tables (docs/reliability.md) and the dials each
+# router's components make (docs/router.md, read from the rendering).
 figures: python-env
-	@$(PY) -m tests.figures --write
+	@$(PY) -m tests.figures --write $(RUN)
 	@$(PY) -m tests.reliability_doc --write
 	@$(PY) -m tests.router_dials --write
 

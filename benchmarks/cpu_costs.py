@@ -248,6 +248,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="dense", help="tiny model (tests/cluster/tiny_models.py)")
     parser.add_argument("--repeats", type=int, default=5, help="sessions per size")
+    parser.add_argument("--sizes", type=lambda v: tuple(map(int, v.split(","))), default=SIZES,
+                        help="new-turn sizes, comma-separated (default %(default)s)")
     parser.add_argument("--out", type=Path, default=DATA_FILE)
     parser.add_argument("--refit", action="store_true",
                         help="fit the samples already in --out again (no engines)")
@@ -273,7 +275,7 @@ def main() -> None:
         engines.disaggregated(words(64, 999))      # the lazy NIXL handshake, not timed
         samples = []
         for repeat in range(args.repeats):
-            for new in SIZES:
+            for new in args.sizes:
                 samples.append(one_size(engines, new, 3 * len(samples)))
                 print(json.dumps(samples[-1]), flush=True)
     finally:

@@ -11,6 +11,7 @@ tokens 2 s apart, and idle for 10 s. Needs the engine environment (tools/engine-
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
 
 HOST, PORT, NIXL_PORT = "127.0.0.1", 18123, 18600
 URL = f"http://{HOST}:{PORT}"
-REQUESTS, INTERVAL, IDLE = 10, 2.0, 10.0
+INTERVAL = 2.0
 
 
 def group_cpu_seconds(pgid: int) -> tuple[float, int, int]:
@@ -56,7 +57,7 @@ def get(path: str, body: dict | None = None) -> int:
         return resp.status
 
 
-def measure(multiprocessing: str) -> dict:
+def measure(multiprocessing: str, requests: int, idle: float) -> dict:
     env = engine_env()
     model = tiny_models(env) / "dense"
     child_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
@@ -83,29 +84,34 @@ def measure(multiprocessing: str) -> dict:
             time.sleep(0.5)
         ready = time.monotonic() - started
         start_cpu, processes, rss = group_cpu_seconds(proc.pid)
-        for i in range(REQUESTS):
+        for i in range(requests):
             get("/v1/completions", {"model": "t", "prompt": f"hello {i} there", "max_tokens": 8,
                                     "ignore_eos": True})
             time.sleep(INTERVAL)
         served_cpu = group_cpu_seconds(proc.pid)[0]
-        time.sleep(IDLE)
+        time.sleep(idle)
         idle_cpu = group_cpu_seconds(proc.pid)[0]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
     return {"ready_s": ready, "start_cpu_s": start_cpu, "processes": processes, "rss_mib": rss,
-            "served_cores": (served_cpu - start_cpu) / (REQUESTS * INTERVAL),
-            "idle_cores": (idle_cpu - served_cpu) / IDLE}
+            "served_cores": (served_cpu - start_cpu) / (requests * INTERVAL),
+            "idle_cores": (idle_cpu - served_cpu) / idle}
 
 
 def main() -> None:
-    apart, inside = measure("1"), measure(cpu_platform.VLLM_V1_MULTIPROCESSING)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=10, help=f"one every {INTERVAL:.0f} s")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    apart, inside = (measure(m, args.requests, args.idle_seconds)
+                     for m in ("1", cpu_platform.VLLM_V1_MULTIPROCESSING))
     rows = [("start, to /health 200 (s)", "ready_s", "{:.0f}"),
             ("CPU seconds to start", "start_cpu_s", "{:.0f}"),
             ("processes (with vLLM's resource tracker)", "processes", "{}"),
             ("resident memory (MiB)", "rss_mib", "{:,}"),
             (f"cores used, one request every {INTERVAL:.0f} s", "served_cores", "{:.2f}"),
-            (f"cores used, idle {IDLE:.0f} s", "idle_cores", "{:.2f}")]
+            (f"cores used, idle {args.idle_seconds:.0f} s", "idle_cores", "{:.2f}")]
     print("| one tiny-model engine | worker apart (vLLM's default) | worker in the engine core "
           "(rendered) |\n| --- | ---: | ---: |")
     for label, key, fmt in rows:

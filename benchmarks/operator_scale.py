@@ -1,13 +1,15 @@
 """Operator scale benchmark on the local control plane (a script, not a test).
 
 Creates N LongContextDeployments (default 100) against a real kube-apiserver with the
-operator running as its own process, and prints: time until every child exists (from the
+operator running as its own process, and records (tests/figures.py: `make figures` puts the
+run into docs/benchmarks.md's table) and prints: time until every child exists (from the
 children's creationTimestamps, read once at the end: a watch of every child kind would load
 the API server being measured),
 create-to-Ready latency p50/p99, reconcile duration p50/p99 (the operator's histogram),
 API writes per CR at creation and at steady state, the operator's resident memory, each
 process's CPU and their sum over the machine's cores (the shortest the burst could last there),
-and the API server's busiest requests per CR (every client's, by resource and verb).
+the operator's CPU per CR, and the API server's busiest requests per CR (every client's, by
+resource and verb).
 
     PYTHONPATH=core:operator:. python benchmarks/operator_scale.py [--crs 100]
 
@@ -40,9 +42,11 @@ sys.path[:0] = [str(REPO), str(REPO / "core"), str(REPO / "operator")]
 
 from longctx_core import contract  # noqa: E402
 from longctx_operator.runtime.kube import Kube, KubeError, collection_path  # noqa: E402
-from longctx_operator import kinds
+from longctx_operator import kinds  # noqa: E402
 from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
+from tests.figure_tables import operator_scale  # noqa: E402
+from tests.figures import Figures  # noqa: E402
 
 NAMESPACE = "scale"
 RECONCILE = "longctx_reconcile_duration_seconds"
@@ -94,11 +98,11 @@ class ReadyWatch:
                         self.ready_at.setdefault(name, time.monotonic())
 
 
-def children_created(kube: Kube, kinds: set[str]) -> tuple[int, float]:
+def children_created(kube: Kube, child_kinds: set[str]) -> tuple[int, float]:
     """How many children exist, and the wall-clock time by which the last was created.
     creationTimestamp has whole seconds, so the time is rounded up to the next second."""
     count, last = 0, 0.0
-    for kind in sorted(kinds):
+    for kind in sorted(child_kinds):
         k = kinds.KIND_BY_NAME[kind]
         for item in kube.list_raw(k, NAMESPACE, k.label_selector)["items"]:
             stamp = datetime.strptime(item["metadata"]["creationTimestamp"],
@@ -137,13 +141,14 @@ def buckets(metrics: dict[str, float], histogram: str) -> list[tuple[float, floa
                   if k.startswith(f"{histogram}_bucket"))
 
 
-def histogram_quantile(metrics: dict[str, float], histogram: str, q: float) -> float:
+def histogram_quantile(metrics: dict[str, float], histogram: str, q: float) -> float | None:
+    """The upper bound of the bucket holding quantile q; None beyond the last bound."""
     cumulative = buckets(metrics, histogram)
     total = cumulative[-1][1]
     for bound, count in cumulative:
         if count >= q * total:
-            return bound
-    return float("inf")
+            return bound if bound != float("inf") else None
+    return None
 
 
 def share_within(metrics: dict[str, float], histogram: str, bound: float) -> float:
@@ -242,47 +247,36 @@ def main() -> int:
         time.sleep(args.steady_seconds)
         steady = scrape(metrics_port)
         latencies = sorted(t - created_at for t in ready_at.values())
-        rows = [
-            ("CRs", f"{args.crs}", ""),
-            ("children per CR", f"{per_cr}", ""),
-            ("time until all CRs exist", f"{crs_at - created_at:.1f} s",
-             f"{CREATORS} parallel creates, as a GitOps sync sends them"),
-            ("time until all children exist", f"<= {last_child - created_wall:.0f} s"
-             if found == expected else f"not reached ({found} of {expected})",
-             "from creationTimestamp (whole seconds)"),
-            ("create -> Ready p50 / p99", f"{statistics.median(latencies):.1f} s / "
-             f"{latencies[int(0.99 * (len(latencies) - 1))]:.1f} s" if latencies else "-",
-             f"{len(latencies)} of {args.crs} Ready"),
-            ("reconcile duration p50 / p99 (histogram bucket bound)",
-             f"<= {histogram_quantile(steady, RECONCILE, 0.5)} s / "
-             f"<= {histogram_quantile(steady, RECONCILE, 0.99)} s",
-             f"{steady.get(f'{RECONCILE}_count', 0):.0f} reconciles, "
-             f"{100 * share_within(steady, RECONCILE, 1.0):.1f}% within 1 s"),
-            ("wait in the work queue p50 / p99 (histogram bucket bound)",
-             f"<= {histogram_quantile(steady, QUEUED, 0.5)} s / "
-             f"<= {histogram_quantile(steady, QUEUED, 0.99)} s",
-             "from the event to the reconcile's start"),
-            ("API writes per CR at creation", f"{writes(at_creation) / args.crs:.1f}",
-             f"{per_cr} children + status"),
-            (f"API writes per CR in {args.steady_seconds} s of steady state",
-             f"{(writes(steady) - writes(at_creation)) / args.crs:.2f}", "ideal: 0"),
-            ("operator resident memory", f"{rss_mib(operator.proc.pid):.0f} MiB", ""),
-        ]
-        rows += [(f"CPU of {name} until all Ready", f"{used:.1f} s",
-                  f"{100 * used / busy:.0f}% of one core")
-                 for name, used in sorted(cpu.items(), key=lambda kv: -kv[1])]
         cores, all_cpu = len(os.sched_getaffinity(0)), sum(cpu.values())
-        rows.append((f"all of that CPU over the {cores} cores", f"{all_cpu / cores:.1f} s",
-                     "the shortest this burst could last on this machine; the operator's share "
-                     f"{100 * cpu['operator'] / all_cpu:.0f}%"))
-        busiest = sorted(((k, v) for k, v in requests.items() if v >= args.crs / 2), key=lambda kv: -kv[1])
-        rows += [(f"API requests per CR: {verb} {resource}", f"{count / args.crs:.2f}",
-                  "until all Ready, every client")
-                 for (resource, verb), count in busiest[:REQUEST_ROWS]]
-        width = max(len(r[0]) for r in rows)
-        print(f"\n{'metric':<{width}}  {'value':<28}  note")
-        for name, value, note in rows:
-            print(f"{name:<{width}}  {value:<28}  {note}")
+        busiest = sorted(((k, v) for k, v in requests.items() if v >= args.crs / 2),
+                         key=lambda kv: -kv[1])
+        figures = {
+            "crs": args.crs, "children_per_cr": per_cr, "crs_created_s": crs_at - created_at,
+            "children_created_s": last_child - created_wall if found == expected else None,
+            "children_found": found, "children_expected": expected,
+            "ready": len(latencies),
+            "ready_p50_s": statistics.median(latencies) if latencies else None,
+            "ready_p99_s": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+            "reconciles": steady.get(f"{RECONCILE}_count", 0),
+            "reconcile_p50_s": histogram_quantile(steady, RECONCILE, 0.5),
+            "reconcile_p99_s": histogram_quantile(steady, RECONCILE, 0.99),
+            "reconciles_within_1s": share_within(steady, RECONCILE, 1.0),
+            "queue_p50_s": histogram_quantile(steady, QUEUED, 0.5),
+            "queue_p99_s": histogram_quantile(steady, QUEUED, 0.99),
+            "writes_per_cr_at_creation": writes(at_creation) / args.crs,
+            "steady_s": args.steady_seconds,
+            "writes_per_cr_steady": (writes(steady) - writes(at_creation)) / args.crs,
+            "operator_rss_mib": rss_mib(operator.proc.pid),
+            "operator_cpu_per_cr_s": cpu["operator"] / args.crs,
+            "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
+            "cores": cores, "all_cpu_over_cores_s": all_cpu / cores,
+            "operator_cpu_share": cpu["operator"] / all_cpu,
+            "api_requests_per_cr": {f"{verb} {resource}": count / args.crs
+                                    for (resource, verb), count in busiest[:REQUEST_ROWS]},
+        }
+        case = f"{args.crs} CRs, {cores} cores"
+        Figures("operator-scale", "operator-scale").record(case, figures)
+        print("\n".join(operator_scale({"operator-scale": {case: figures}})))
         return 0
     finally:
         if operator:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 Cases = dict[str, dict[str, Any]]       # case -> its figures, in the order first recorded
+# What every recorded case carries besides its figures (tests/figures.py): when and where.
+PROVENANCE = ("measured", "commit", "dirty")
 
 
 # ------------------------------------------------------------------ cells
@@ -49,7 +51,7 @@ def described(figures: dict[str, Any], labels: dict[str, str], skip: tuple[str, 
     space are seconds ('prefill leg s')."""
     parts = []
     for key, value in figures.items():
-        if key in skip or key == "measured":
+        if key in skip or key in PROVENANCE:
             continue
         label = labels.get(key, key.replace("_", " "))
         text = (seconds(value) if label.endswith(" s")
@@ -265,6 +267,62 @@ def make_test(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+def bound(value: Any) -> str:
+    """A histogram quantile as its bucket's upper bound (None: beyond the last bucket)."""
+    return "over the last bucket" if value is None else f"<= {cell(value)} s"
+
+
+# The goals the operator is held to at 100 CRs (docs/benchmarks.md).
+OPERATOR_SCALE_GOALS = {"operator CPU per CR": "<= 0.05 s (100 CRs)",
+                        "reconcile duration p50 / p99": "p99 <= 1 s (100 CRs)",
+                        "API writes per CR at steady state": "0"}
+
+
+def operator_scale(sources: dict[str, Cases]) -> list[str]:
+    """Each recorded run of benchmarks/operator_scale.py, one column a run, beside the goals."""
+    (cases,) = sources.values()
+    runs = list(cases.values())
+
+    def each(fn: Callable[[dict[str, Any]], str]) -> list[str]:
+        return [fn(f) for f in runs]
+
+    rows = {
+        "children per CR": each(lambda f: cell(f["children_per_cr"])),
+        "time until all CRs exist": each(lambda f: seconds(f["crs_created_s"])),
+        "time until all children exist (creationTimestamp, whole seconds)": each(
+            lambda f: f"<= {seconds(f['children_created_s'])}"
+            if f["children_created_s"] is not None else
+            f"not reached ({cell(f['children_found'])} of {cell(f['children_expected'])})"),
+        "create -> Ready p50 / p99": each(
+            lambda f: f"{seconds(f['ready_p50_s'])} / **{seconds(f['ready_p99_s'])}** "
+                      f"({cell(f['ready'])} Ready)" if f["ready"] else "none Ready"),
+        "reconcile duration p50 / p99": each(
+            lambda f: f"{bound(f['reconcile_p50_s'])} / **{bound(f['reconcile_p99_s'])}** "
+                      f"({100 * f['reconciles_within_1s']:.1f}% within 1 s)"),
+        "wait in the work queue p50 / p99": each(
+            lambda f: f"{bound(f['queue_p50_s'])} / {bound(f['queue_p99_s'])}"),
+        "reconciles per CR": each(lambda f: f"{f['reconciles'] / f['crs']:.1f}"),
+        "API writes per CR at creation": each(lambda f: f"{f['writes_per_cr_at_creation']:.1f}"),
+        "API writes per CR at steady state": each(
+            lambda f: f"**{f['writes_per_cr_steady']:.2f}** (over {cell(f['steady_s'])} s)"),
+        "operator resident memory": each(lambda f: f"{f['operator_rss_mib']:.0f} MiB"),
+        "operator CPU per CR": each(lambda f: f"**{f['operator_cpu_per_cr_s']:.3f} s**"),
+        "CPU until all Ready, by process": each(lambda f: "<br>".join(
+            f"{name} {seconds(took)}" for name, took in f["cpu_s"].items())),
+        "all of that CPU over the machine's cores": each(
+            lambda f: f"{seconds(f['all_cpu_over_cores_s'])} over {cell(f['cores'])} cores "
+                      f"(the operator's share {100 * f['operator_cpu_share']:.0f}%)"),
+        "API requests per CR until all Ready (every client), busiest": each(
+            lambda f: "<br>".join(f"{key} {n:.2f}" for key, n in f["api_requests_per_cr"]
+                                  .items())),
+    }
+    lines = [row("metric", *(cell(c) for c in cases), "goal"),
+             row("---", *("---" for _ in cases), "---")]
+    lines += [row(name, *cells, OPERATOR_SCALE_GOALS.get(name, ""))
+              for name, cells in rows.items()]
+    return lines
+
+
 @dataclass(frozen=True)
 class Table:
     doc: str                        # under docs/
@@ -273,7 +331,7 @@ class Table:
     fills: str                      # the command whose run records the figures
 
 
-DAY_TWO = "`make test-day2` (`make test` runs all but four of its changes under traffic)"
+DAY_TWO = "`make test` (the day-two modules alone: `make test-day2`)"
 TABLES = {
     "changes-and-faults": Table("data-path.md", ("traffic-rollouts", "data-path-faults"),
                                 changes_and_faults, DAY_TWO),
@@ -290,6 +348,8 @@ TABLES = {
                        "`benchmarks/cpu_costs.py` (then `make figures`)"),
     "make-test": Table("test-harness.md", ("make-test",), make_test,
                        "`tools/measure-make-test.sh`"),
+    "operator-scale": Table("benchmarks.md", ("operator-scale",), operator_scale,
+                            "`benchmarks/operator_scale.py` (then `make figures`)"),
     "first-run": Table("control-plane.md", ("first-run",), first_run,
                        "`tools/measure-first-run.sh TARGET...`"),
 }

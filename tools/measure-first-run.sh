@@ -3,8 +3,10 @@
 # tree, with empty caches of its own under DIR (LONGCTX_CACHE, GOCACHE, GOMODCACHE; pip's cache
 # off), so the caches already on the machine are neither used nor touched. Every output line
 # gets the time of day; the build scripts log how long each step took, and those times and the
-# total are recorded in docs/figures/first-run.json, from which the README's table of first-run
-# costs is taken.
+# total are recorded beside the tree, in build/figures/<run>/first-run.json (the run
+# $LONGCTX_FIGURES_RUN names, else a new one), which `make figures RUN=...` puts into
+# docs/figures/first-run.json and docs/control-plane.md's table. A first `make demo` over its
+# 20-minute budget on 2 cores exits 3, naming it.
 #
 #   tools/measure-first-run.sh [TARGET...]    default: demo
 #
@@ -27,9 +29,9 @@ touch "$DIR/.longctx-first-run"
 git -C "$REPO" archive HEAD | tar -x -C "$DIR/tree"
 export LONGCTX_CACHE="$DIR/cache" GOCACHE="$DIR/cache/go-build" GOMODCACHE="$DIR/cache/go-mod"
 export PIP_NO_CACHE_DIR=1
-commit=$(git -C "$REPO" rev-parse --short HEAD)
+commit=$(git -C "$REPO" rev-parse HEAD)
 load=$(cut -d' ' -f1 /proc/loadavg)
-echo "first run of make ${TARGETS[*]}: commit $commit, $(nproc) cores, load average $load"
+echo "first run of make ${TARGETS[*]}: commit ${commit:0:10}, $(nproc) cores, load average $load"
 start=$SECONDS
 # `times` in the subshell: the CPU time of make and everything it ran, which a busy machine
 # leaves about as it is (the wall-clock time it stretches).
@@ -45,7 +47,9 @@ echo "make ${TARGETS[*]} exited $rc after $total s, $cpu CPU-seconds"
 du -sh "$DIR"/cache/* 2>/dev/null
 [[ $rc == 0 ]] || exit "$rc"
 # Each step's own log line ("created ... in N s", "built ... in N s", "demo finished in N s").
-python3 - "$REPO/docs/figures/first-run.json" "$DIR/make.log" "${TARGETS[*]}" "$commit" \
+run=${LONGCTX_FIGURES_RUN:-$REPO/build/figures/$(date -u +%Y%m%dT%H%M%S.%6NZ)-${commit:0:10}-first-run}
+mkdir -p "$run"
+python3 - "$run/first-run.json" "$DIR/make.log" "${TARGETS[*]}" "$commit" \
   "$(nproc)" "$load" "$total" "$cpu" "${LONGCTX_FIRST_RUN_KEEP_CACHE:-0}" <<'PY'
 import datetime, json, re, sys
 from pathlib import Path
@@ -65,9 +69,15 @@ record = json.loads(path.read_text()) if path.exists() else {}
 after = " after the previous run" if keep == "1" else ""
 record[f"make {targets}{after}"] = {
     "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-    "commit": commit, "cores": int(cores), "load average at start": float(load),
+    "commit": commit, "dirty": False,   # `git archive HEAD`: the commit, exactly
+    "cores": int(cores), "load average at start": float(load),
     "steps (s)": steps, "total (s)": int(total), "CPU (s)": int(cpu)}
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(json.dumps(record, indent=1) + "\n")
 print(f"recorded in {path}: {json.dumps(record[f'make {targets}{after}'])}")
+print(f"make figures RUN={path.parent} puts it into docs/")
 PY
+if [[ "${TARGETS[*]}" == demo && $(nproc) -le 2 && $total -gt 1200 ]]; then
+  echo "a first make demo took $total s on $(nproc) cores: over its 1200 s budget" >&2
+  exit 3
+fi

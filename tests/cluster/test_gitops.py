@@ -10,6 +10,7 @@ import time
 import pytest
 import yaml
 
+from tests.cluster import reconciles
 from tests.conftest import EXAMPLE, example_cr, sts_name, wait_for
 from tests.test_argocd_health import argocd_health
 
@@ -146,7 +147,13 @@ def test_server_side_apply_twice_is_a_no_op_and_the_operator_never_writes_spec(
     diff = cluster.kubectl("diff", "--server-side", "--field-manager=gitops", "-n", namespace,
                            "-f", str(EXAMPLE), check=False)
     assert diff.returncode == 0 and not diff.stdout, diff.stdout  # no drift
-    time.sleep(5)  # and the operator did not react to the re-apply with a write
+    # The re-apply changed nothing, so no watch event followed it: a child's event (an
+    # annotation no one owns) makes the operator reconcile the re-applied CR, which it
+    # must do without a write.
+    done = reconciles.in_process()
+    cluster.kubectl("annotate", "statefulset", sts_name(cr, "decode"), "-n", namespace,
+                    "test.longctx.dev/nudge=1", "--overwrite")
+    reconciles.wait_for_reconciles(reconciles.in_process, done, "a child's event")
     after = json.loads(cluster.kubectl("get", "lcd", "glm", "-n", namespace, "-o", "json",
                                        "--show-managed-fields").stdout)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

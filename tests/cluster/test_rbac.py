@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from tests.cluster import reconciles
 from tests.cluster.operator_process import OperatorProcess
 from tests.conftest import example_cr, revision_of, sts_name, wait_for
 from tests.helm.chart import CHART
@@ -270,8 +271,11 @@ def test_removing_one_verb_fails_with_a_clear_403(cluster, namespace, release, t
         wait_for(lambda: f'cannot {verb} resource \\"{resource}\\"' in op.output()
                  or f'cannot {verb} resource "{resource}"' in op.output(), 30,
                  "the 403 in the operator's log")
-        # Never Ready while the verb is missing.
-        time.sleep(5)
+        # Never Ready while the verb is missing: not after the retry that follows either.
+        def count() -> float:
+            return reconciles.from_metrics(op.metrics())
+
+        reconciles.wait_for_reconciles(count, count(), "the failure (its retry)", timeout=60)
         assert not is_ready(cluster, "glm", namespace)
         if resource == "statefulsets":
             assert cluster.get("statefulset", sts_name(example_cr(), "prefill"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 
 import pytest
 
+from tests.cluster import reconciles
 from tests.conftest import example_cr, revision_of, sts_name, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -90,14 +90,28 @@ def operator_writes() -> float:
 def test_resyncs_after_convergence_write_nothing(cluster, operator, namespace):
     assert cluster.apply(example_cr(), namespace).returncode == 0
     wait_ready(cluster, namespace)
-    time.sleep(3)  # the last status write settles
+
+    def touched(value: str) -> None:
+        """A label-only touch of the CR, a no-op event on which the operator re-reads
+        everything; returns once a reconcile finished after it."""
+        done = reconciles.in_process()
+        cluster.kubectl("label", "lcd", "glm", "-n", namespace, f"resync={value}",
+                        "--overwrite")
+        reconciles.wait_for_reconciles(reconciles.in_process, done, f"label resync={value}")
+
+    settles = iter(range(100))
+
+    def converged() -> bool:   # the last status write is behind us once a reconcile writes none
+        writes = operator_writes()
+        touched(f"settle{next(settles)}")
+        return operator_writes() == writes
+
+    wait_for(converged, 60, "a reconcile that writes nothing", interval=0)
     writes_before = operator_writes()
     before = children(cluster, namespace)
     cr_version = cluster.get("lcd", "glm", namespace)["metadata"]["resourceVersion"]
-    # A label-only touch of the CR is a no-op event: the operator re-reads everything.
     for i in range(5):
-        cluster.kubectl("label", "lcd", "glm", "-n", namespace, f"resync=r{i}", "--overwrite")
-        time.sleep(2)
+        touched(f"r{i}")
     after = children(cluster, namespace)
     assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
     # Not even no-op patches: the operator compares before it writes.

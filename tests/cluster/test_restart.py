@@ -3,6 +3,7 @@ objects, and a fresh operator's full relist (a resync of everything) writes noth
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from longctx_core.api import spec as api
 from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.desired import desired_objects
+from tests.cluster import reconciles
 from tests.cluster.test_reconcile import children, wait_ready
 from tests.conftest import example_cr, kopf_settings, sts_name, wait_for
 
@@ -54,8 +56,13 @@ def test_a_fresh_operator_relisting_everything_writes_nothing(cluster, namespace
         time.sleep(3)
     before = children(cluster, namespace, "steady")
     cr_before = cluster.get("lcd", "steady", namespace)["metadata"]["resourceVersion"]
+    live = [cr for cr in json.loads(cluster.kubectl("get", "lcd", "-A", "-o", "json").stdout)[
+        "items"] if not cr["metadata"].get("deletionTimestamp")]
+    done = reconciles.in_process()
     with KopfRunner(ARGS, settings=kopf_settings(), timeout=60) as runner:
-        time.sleep(10)  # the new operator lists every CR and child and reconciles each
+        # The new operator lists every CR and child and reconciles each.
+        reconciles.wait_for_reconciles(reconciles.in_process, done, "the operator's start",
+                                       n=len(live))
         after = children(cluster, namespace, "steady")
         cr_after = cluster.get("lcd", "steady", namespace)["metadata"]["resourceVersion"]
         # An unchanged re-apply keeps every resourceVersion: only its Event tells of it.

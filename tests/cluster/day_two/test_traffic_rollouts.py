@@ -49,9 +49,6 @@ DECODE_EDIT = {"engine": {"extraArgs": {"decode": ["--max-num-seqs", "64"]}}}
 PREFILL_EDIT = {"engine": {"extraArgs": {"prefill": ["--max-num-seqs", "8"]}}}
 ROUTER_EDIT = {"router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
 TWO_PREFILL = {"prefill": {"replicas": 2}}
-# What `make test` leaves to `make test-day2`: each starts a whole new pair of engines
-# (3-4 minutes on 2 cores); the single-pod edit and the node drain, which do too, stay in.
-extended = pytest.mark.day_two_extended
 NOTHING_LOST = "nothing: no request failed or cut off"
 # Each case, its test and what the test requires of the clients (docs/reliability.md).
 CASES = [
@@ -86,6 +83,12 @@ def conditions(deployment) -> list[str]:
             if c["type"] in ("Ready", "RolloutBlocked", "Degraded", "DataPathHealthy")]
 
 
+def data_path_faults(conds: list[str]) -> list[str]:
+    """The DataPathHealthy conditions among `conds` that are not True."""
+    return [c for c in conds if c.startswith("DataPathHealthy=")
+            and not c.startswith("DataPathHealthy=True")]
+
+
 def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callable[[], Any],
                   max_requests: int) -> tuple[dict[str, Any], PodCounters]:
     """Starts the traffic and the per-pod counters, makes the change, waits for done()
@@ -101,8 +104,13 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     time.sleep(3)                      # traffic flows before the change
     change()
     changed = time.monotonic()
+    faults: list[str] = []             # DataPathHealthy other than True, at each look
+
+    def done_and_healthy() -> Any:
+        faults.extend(c for c in data_path_faults(conditions(deployment)) if c not in faults)
+        return done()
     try:
-        wait_for(done, PHASE_TIMEOUT, case, 1)
+        wait_for(done_and_healthy, PHASE_TIMEOUT, case, 1)
         took = time.monotonic() - changed
         # However quick the change, the case sees MIN_REQUESTS answers.
         wait_for(lambda: len(traffic.outcomes) >= MIN_REQUESTS, 60,
@@ -114,6 +122,8 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     summary = {**traffic.summary(), "seconds": round(took),
                "events": [e[:240] for e in (Counter(deployment.events()) - known).elements()],
                "conditions": conditions(deployment)}
+    summary["data_path_faults"] = faults + [c for c in data_path_faults(summary["conditions"])
+                                            if c not in faults]
     FIGURES.record(case, summary)
     return summary, counters
 
@@ -128,8 +138,10 @@ def assert_one_revision_per_answer(counters: PodCounters) -> None:
 
 
 def assert_none_lost(summary: dict[str, Any]) -> None:
+    """No request failed or cut off, and the operator saw no data-path fault throughout."""
     assert summary["sent"] >= MIN_REQUESTS and summary["failed"] == 0 \
         and summary["cut_off"] == 0, summary
+    assert not summary["data_path_faults"], summary
 
 
 def settled_on_new(deployment, old: str) -> Callable[[], bool]:
@@ -162,7 +174,6 @@ def test_scale_down_under_traffic(deployment):
     assert summary["seconds"] < DRAIN_SECONDS, "the drain took its whole window"
 
 
-@extended
 def test_engine_image_upgrade_under_traffic(deployment):
     old = deployment.status()["revision"]
     summary, counters = under_traffic(
@@ -181,7 +192,7 @@ def test_engine_image_upgrade_under_traffic(deployment):
 
 
 @pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT),
-                                       pytest.param("prefill", PREFILL_EDIT, marks=extended)])
+                                       ("prefill", PREFILL_EDIT)])
 def test_single_pod_edit_under_traffic(deployment, role, edit):
     old = deployment.status()["revision"]
     before = {p["metadata"]["uid"] for p in deployment.pods()}
@@ -258,7 +269,6 @@ def operator_upgrade() -> Any:
     roles._priced.cache_clear()
 
 
-@extended
 def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
     """Both single-pod roles are replaced beside the serving revision, and the status names
     the operator as the cause."""
@@ -281,7 +291,6 @@ def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
     assert chat(deployment.router(), deployment.model, words(80, seed=7), 8)
 
 
-@extended
 def test_scale_up_under_traffic(deployment, operator_upgrade):
     def two_prefill() -> bool:
         pods = deployment.pods("prefill")
