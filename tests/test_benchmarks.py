@@ -33,7 +33,7 @@ RUN_ELSEWHERE = {"sass_report.py": "tests/kernels/test_sass_report.py"}
 
 def run(script: str, *args: str, timeout: float, env: dict[str, str] | None = None) -> str:
     """The benchmark's output; its exit code and the end of its output when it fails."""
-    path = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("core", "operator",
+    path = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("core", "engine", "operator",
                                                                    "kernels", "."))}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=REPO,
                           env={**os.environ, **path, **(env or {})}, capture_output=True,
