@@ -97,8 +97,9 @@ def test_rollout():
 
 @pytest.mark.engine_env
 def test_cpu_costs(tmp_path):
+    """Two sizes far enough apart that NIXL pulls a different number of whole KV blocks."""
     out = tmp_path / "cpu_costs.json"
-    run("cpu_costs.py", "--repeats", "1", "--sizes", "8,64", "--out", str(out), timeout=600)
+    run("cpu_costs.py", "--repeats", "1", "--sizes", "8,512", "--out", str(out), timeout=600)
     data = json.loads(out.read_text())
     assert len(data["samples"]) == 2 and data["kvBytesPerToken"] > 0, data
     assert data["prefill"]["perTokenSeconds"] >= 0 and data["kvTransfer"]["fixedSeconds"] >= 0
