@@ -8,7 +8,7 @@ differed from it. Child processes write into their parent's run (LONGCTX_FIGURES
 The committed figures, docs/figures/<name>.json, and the tables generated from them change
 only through `make figures`:
 
-    make figures                              # the latest run's cases into docs/figures, then every table
+    make figures                              # the latest run's figures into docs/figures, then every table
     make figures RUN=build/figures/<run>      # a given run's
     python -m tests.figures                   # names each table that differs from its JSON, exit code 1
 
@@ -110,15 +110,15 @@ class Figures:
 
 
 def take(run: Path) -> list[str]:
-    """Puts a run's cases into docs/figures/<name>.json: each case it recorded replaces the
-    committed one (figures, date and commit together); the cases it did not reach stay, with
-    their own commit. Returns the names taken."""
+    """Puts a run's figures into docs/figures: each <name>.json it recorded replaces the
+    committed one whole, so a table shows one run of one tree, never cases of earlier runs
+    beside it (a run of part of a module leaves out the rest, which `git diff` shows).
+    Returns the names taken."""
     names = []
     for path in sorted(run.glob("*.json")):
-        committed = load(path.stem)
-        committed.update(json.loads(path.read_text()))
         FIGURES_DIR.mkdir(parents=True, exist_ok=True)
-        (FIGURES_DIR / path.name).write_text(json.dumps(committed, indent=1) + "\n")
+        cases = json.loads(path.read_text())
+        (FIGURES_DIR / path.name).write_text(json.dumps(cases, indent=1) + "\n")
         names.append(path.stem)
     return names
 

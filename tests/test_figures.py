@@ -69,21 +69,26 @@ def test_a_record_goes_beside_the_tree_and_make_figures_puts_it_into_the_docs(do
     assert not figures.stale()
 
 
-def test_a_later_run_replaces_the_cases_it_recorded_and_keeps_the_others(docs, monkeypatch):
-    figures.Figures("traffic-rollouts", "traffic").record("scale-down", {"sent": 10})
+def test_a_later_runs_figures_replace_the_earlier_runs_whole(docs, monkeypatch):
+    figures.Figures("traffic-rollouts", "traffic").record("node drain (loop-1)", {"sent": 10})
     figures.Figures("traffic-rollouts", "traffic").record("Surge rollout", CHANGE)
     first = figures.this_run()
     make_figures(monkeypatch, first)
     later = figures.Figures("traffic-rollouts", "traffic")
     later.record("Surge rollout", {"sent": 12, "failed": 1, "events": []})
+    later.record("node drain (loop-0)", {"sent": 11})
     second = figures.this_run()
     assert second != first
     make_figures(monkeypatch, second)
     cases = json.loads((docs / "figures" / "traffic-rollouts.json").read_text())
+    assert list(cases) == ["Surge rollout", "node drain (loop-0)"], cases
     assert cases["Surge rollout"]["sent"] == 12 and "cut_off" not in cases["Surge rollout"]
-    assert cases["scale-down"]["sent"] == 10
-    assert "| Surge rollout | 12 | 1 | - | - | - | nothing |" in \
-        (docs / "data-path.md").read_text()
+    text = (docs / "data-path.md").read_text()
+    assert "| Surge rollout | 12 | 1 | - | - | - | nothing |" in text and "loop-1" not in text
+    # Figures of other names, recorded by other runs, stay as they were.
+    figures.Figures("real-engines", "real-engines").record("CR applied to Ready", {"seconds": 9})
+    make_figures(monkeypatch, figures.this_run())
+    assert json.loads((docs / "figures" / "traffic-rollouts.json").read_text()) == cases
 
 
 def test_make_figures_without_a_run_regenerates_the_tables_from_the_committed_json(

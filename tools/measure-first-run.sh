@@ -4,8 +4,9 @@
 # off), so the caches already on the machine are neither used nor touched. Every output line
 # gets the time of day; the build scripts log how long each step took, and those times and the
 # total are recorded beside the tree, in build/figures/<run>/first-run.json (the run
-# $LONGCTX_FIGURES_RUN names, else a new one), which `make figures RUN=...` puts into
-# docs/figures/first-run.json and docs/control-plane.md's table. A first `make demo` over its
+# $LONGCTX_FIGURES_RUN names, else a new one; name one run for several targets, since
+# `make figures RUN=...` replaces docs/figures/first-run.json with the run's whole), from which
+# docs/control-plane.md's table is generated. A first `make demo` over its
 # 20-minute budget on 2 cores exits 3, naming it.
 #
 #   tools/measure-first-run.sh [TARGET...]    default: demo

@@ -11,7 +11,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CASE=${1:-make test, warm}
 PY="$("$REPO/tools/python-env.sh")/bin/python"
 export PYTHONPATH="$REPO/core:$REPO/operator:$REPO"
-LONGCTX_FIGURES_RUN=$("$PY" -m tests.figures --new-run) || exit 1
+# A run of its own, unless the caller names one (to record several cases side by side).
+LONGCTX_FIGURES_RUN=${LONGCTX_FIGURES_RUN:-$("$PY" -m tests.figures --new-run)} || exit 1
 export LONGCTX_FIGURES_RUN
 junit=$(mktemp --suffix=.xml)
 load=$(cut -d' ' -f1 /proc/loadavg)
