@@ -94,30 +94,56 @@ def test_a_new_cr_creates_one_revision_and_turns_ready():
     assert not run(fake).applied and fake.writes == []
 
 
-def test_a_single_pod_edit_is_replaced_beside_then_switched_then_removed(monkeypatch):
+def statefulsets(fake: FakeCluster) -> set[str]:
+    return {name for (kind, _, name) in fake.objects if kind == "StatefulSet"}
+
+
+def pod_uids(fake: FakeCluster, role: str) -> set[str]:
+    return {o["metadata"]["uid"] for (kind, _, _), o in fake.objects.items() if kind == "Pod"
+            and o["metadata"]["labels"].get(contract.COMPONENT_LABEL) == role}
+
+
+def test_a_single_pod_edit_replaces_that_role_only_beside_then_switched_then_removed(
+        monkeypatch):
     fake = FakeCluster(nodes=[node("node-a")])
     deploy(fake)
-    old = steady(fake)
-    old_pods = {k for k in fake.objects if k[0] == "Pod"}
+    key = steady(fake)
+    prefill_set = contract.statefulset(NAME, "prefill", key)
+    old_decode = contract.statefulset(NAME, "decode", key)
+    prefill_pods = pod_uids(fake, "prefill")
     edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
         decode=["--max-num-seqs", "3"]))
     out = run(fake)
-    (new,) = revisions(fake) - {old}
+    (new_decode,) = statefulsets(fake) - {prefill_set, old_decode}
+    assert new_decode.startswith(f"{NAME}-decode-")
     message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
-    assert "decode has one pod (spec.decode.replicas = 1)" in message
-    assert router_revision(fake) == old and old_pods <= set(fake.objects)   # old serves
+    assert "decode has one pod (spec.decode.replicas = 1)" in message, message
+    assert "prefill keeps its pods" in message, message
+    # One pairing key: the router selects it, old and new decode pods alike.
+    assert router_revision(fake) == key and revisions(fake) == {key}
+    assert f"StatefulSet/{prefill_set}" not in out.applied
     assert status(fake)["rollout"]["phase"] == "Progressing"
+    assert status(fake)["rollout"]["roles"] == ["decode"]
     fake.ready()
     switched = run(fake)
-    assert "RolloutSwitched" in reasons(switched) and router_revision(fake) == new
-    # The router has not rolled out its new template yet: the old revision stays.
-    assert revisions(fake) == {old, new}
+    assert "RolloutSwitched" in reasons(switched)
+    old_pod = fake.objects[("Pod", NS, f"{old_decode}-0")]
+    assert old_pod["metadata"]["labels"][contract.SERVING_LABEL] == "draining"
+    dep = fake.objects[("Deployment", NS, contract.vllm_router(NAME))]
+    assert dep["spec"]["template"]["metadata"]["annotations"][
+        vllm_router.DRAINING_PODS_ANNOTATION] == f"{old_decode}-0"
+    assert old_decode in statefulsets(fake)   # the router has not rolled out yet
     fake.ready()
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
     monkeypatch.setattr(reconcile_module, "_utcnow", lambda: later)   # the window is over
     drained = run(fake)
-    assert "RolloutDrained" in reasons(drained) and revisions(fake) == {new}
-    assert status(fake)["revision"] == new
+    assert "RolloutDrained" in reasons(drained)
+    assert statefulsets(fake) == {prefill_set, new_decode}
+    assert ("PodDisruptionBudget", NS, old_decode) not in fake.objects
+    assert status(fake)["revision"] == key and pod_uids(fake, "prefill") == prefill_pods
+    fake.ready()
+    run(fake)
+    assert status(fake)["phase"] == "Ready" and status(fake)["rollout"]["phase"] == "Steady"
 
 
 def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
@@ -130,8 +156,10 @@ def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
                      "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
         "spec": {"nodeName": "node-a"}, "status": {}}
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
+    before = statefulsets(fake)
     out = run(fake)
-    assert len(revisions(fake) - {old}) == 1
+    # Both roles' only pods are on the drained node: each gets a new role revision beside.
+    assert len(statefulsets(fake) - before) == 2 and revisions(fake) == {old}
     events = dict((r, m) for _, r, m in out.events)
     assert "on node node-a, which is being drained" in events["RolloutStarted"]
     assert "node-a" in events["RouterMoving"]
@@ -186,9 +214,9 @@ def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
     assert calls == {"plan": 1, "render": 2}, calls
 
 
-def test_the_old_revision_outlives_an_old_router_pod_still_shutting_down(monkeypatch):
+def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch):
     """A router pod of the old template, still terminating, serves whoever holds its
-    address: the old revision stays until it is gone, though its engines are idle."""
+    address: the old decode pod stays until it is gone, though its engine is idle."""
     from longctx_operator.controller import engine_load
     monkeypatch.setattr(engine_load, "pod_idle", lambda pod, timeout=0: True)
     fake = FakeCluster(nodes=[node("node-a")])
@@ -212,9 +240,11 @@ def test_the_old_revision_outlives_an_old_router_pod_still_shutting_down(monkeyp
         monkeypatch.setattr(reconcile_module, "_utcnow",
                             lambda s=seconds: now + datetime.timedelta(seconds=s))
         assert "RolloutDrained" not in reasons(run(fake))
-    assert old in revisions(fake)
+    old_decode = contract.statefulset(NAME, "decode", old)
+    assert old_decode in statefulsets(fake)
     del fake.objects[("Pod", NS, "tiny-router-old")]
     monkeypatch.setattr(reconcile_module, "_utcnow",
                         lambda: now + datetime.timedelta(seconds=18))
     drained = [m for _, r, m in run(fake).events if r == "RolloutDrained"]
-    assert drained and "held no request" in drained[0] and old not in revisions(fake)
+    assert drained and "held no request" in drained[0]
+    assert old_decode not in statefulsets(fake)

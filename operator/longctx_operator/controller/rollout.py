@@ -53,31 +53,75 @@ def _parse(text: Optional[str]) -> Optional[datetime.datetime]:
         tzinfo=datetime.timezone.utc)
 
 
+def role_revision_of(obj: dict[str, Any]) -> Optional[str]:
+    """The role revision a StatefulSet or pod belongs to (contract.ROLE_REVISION_LABEL)."""
+    return (obj["metadata"].get("labels") or {}).get(contract.ROLE_REVISION_LABEL)
+
+
+def _created(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"].get("creationTimestamp") or "", obj["metadata"]["name"]
+
+
 @dataclass(frozen=True)
 class Revision:
-    """One revision's StatefulSets (by role) and pods, as the API reports them."""
+    """One revision's StatefulSets and pods, as the API reports them. A role may have more
+    than one StatefulSet (role revisions, while one replaces another); `statefulsets` holds
+    the one looked at for each role (the newest, or the one `focused` names)."""
 
     name: str
     statefulsets: dict[str, dict[str, Any]]
     pods: list[dict[str, Any]]
+    sets: tuple[dict[str, Any], ...] = ()   # every StatefulSet, oldest first
 
     def ready(self, role: str) -> int:
         sts = self.statefulsets.get(role) or {}
         return (sts.get("status") or {}).get("readyReplicas", 0)
 
+    def role_sets(self, role: str) -> list[dict[str, Any]]:
+        """The role's StatefulSets, oldest first."""
+        return [s for s in self.sets
+                if s["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
+
+    def set_pods(self, sts: dict[str, Any]) -> list[dict[str, Any]]:
+        prefix = sts["metadata"]["name"] + "-"
+        return [p for p in self.pods if p["metadata"]["name"].startswith(prefix)
+                and p["metadata"]["name"][len(prefix):].isdigit()]
+
     def role_pods(self, role: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods
-                if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
+        """The pods of the role's StatefulSet looked at."""
+        sts = self.statefulsets.get(role)
+        if sts is None:
+            return [p for p in self.pods
+                    if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role
+                    and not self.role_sets(role)]
+        return self.set_pods(sts)
+
+    def focused(self, role_revisions: Mapping[str, str]) -> "Revision":
+        """The same revision, looking at the StatefulSet of each role's `role_revisions`
+        (a role whose named StatefulSet does not exist yet has none)."""
+        chosen = {}
+        for role in contract.ROLES:
+            named = [s for s in self.role_sets(role)
+                     if role_revision_of(s) == role_revisions.get(role)]
+            if named:
+                chosen[role] = named[0]
+            elif role not in role_revisions and role in self.statefulsets:
+                chosen[role] = self.statefulsets[role]
+        return Revision(self.name, chosen, self.pods, self.sets)
 
 
 def group_revisions(statefulsets: list[dict[str, Any]], pods: list[dict[str, Any]]
                     ) -> dict[str, Revision]:
+    """The revisions (pairing keys) that exist, each looking at its newest StatefulSet of
+    each role."""
     out: dict[str, Revision] = {}
-    for sts in statefulsets:
+    for sts in sorted(statefulsets, key=_created):
         labels = sts["metadata"].get("labels", {})
         rev, role = labels.get(contract.PAIRING_LABEL), labels.get(contract.COMPONENT_LABEL)
         if rev and role in contract.ROLES:
-            out.setdefault(rev, Revision(rev, {}, [])).statefulsets[role] = sts
+            found = out.setdefault(rev, Revision(rev, {}, []))
+            found.statefulsets[role] = sts
+            out[rev] = Revision(rev, found.statefulsets, found.pods, (*found.sets, sts))
     for pod in pods:
         rev = pod["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
         if rev:
@@ -97,6 +141,10 @@ class Step:
     blocked: Optional[str] = None      # RolloutBlocked condition message
     failed: Optional[str] = None       # Degraded RolloutFailed message
     wake_after: Optional[float] = None  # seconds until a deadline passes with no event
+    # A role swap within the revision (replacement.py): the old role revisions' objects to
+    # remove, and their pods to take out of the pool.
+    retire: set[str] = field(default_factory=set)
+    leave_pool: list[str] = field(default_factory=list)
 
     @property
     def phase(self) -> str:
@@ -125,6 +173,8 @@ class Policy:
     drain_seconds: float
     ready_timeout_seconds: float
     downtime: str                      # what Recreate costs, in words
+    # What is rolled, in words: a revision (both roles), or one role's pods within it.
+    scope: str = "revision"
 
 
 def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision],
@@ -204,7 +254,7 @@ def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, An
                    if idle and elapsed < policy.drain_seconds
                    else f"for {policy.drain_seconds:.0f} s")
             result.events.append(("Normal", "RolloutDrained",
-                                  f"revision {', '.join(draining)} drained {how} and removed; "
+                                  f"{policy.scope} {', '.join(draining)} drained {how} and removed; "
                                   f"{desired} serves"))
             _with_phase(status, previous, STEADY, now)
         else:
@@ -238,7 +288,7 @@ def _recreate(desired: str, serving: str, revisions: dict[str, Revision],
     old = [r for r in revisions if r != desired]
     result = Step(serving=desired, apply_desired=False, delete=old, status=status)
     result.events.append(("Warning", "RolloutStarted",
-                          f"Recreate: revision {serving} stops now and {desired} starts when "
+                          f"Recreate: {policy.scope} {serving} stops now and {desired} starts when "
                           f"its pods are gone; no request is served until then "
                           f"({policy.downtime})"))
     return result
@@ -254,7 +304,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
         status["reason"] = why
     if previous.get("to") != desired:
         result.events.append(("Normal", "RolloutStarted", f"Surge: {why}" if why else
-                              f"Surge: revision {desired} comes up beside {serving}, which "
+                              f"Surge: {policy.scope} {desired} comes up beside {serving}, which "
                               "serves until the new one is Ready"))
     new = revisions.get(desired)
     status["readyReplicas"] = _counts(revisions, serving, desired)
@@ -264,7 +314,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
         status["drainUntil"] = _now_text(now + datetime.timedelta(seconds=policy.drain_seconds))
         _with_phase(status, previous, DRAINING, now)
         result.events.append(("Normal", "RolloutSwitched",
-                              f"the router now sends every request to revision {desired}; "
+                              f"the router now sends every request to {policy.scope} {desired}; "
                               f"{serving} drains for {policy.drain_seconds:.0f} s"))
         result.wake_after = min(policy.drain_seconds + 1, IDLE_CONFIRM_SECONDS)
         return result
@@ -272,7 +322,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
     crash = crash_message(pods)
     started = _parse(status["startTime"]) or now
     if crash or (now - started).total_seconds() > policy.ready_timeout_seconds:
-        result.failed = (f"revision {desired} failed, {serving} keeps serving: " + (
+        result.failed = (f"{policy.scope} {desired} failed, {serving} keeps serving: " + (
             crash or f"not Ready within engine.engineReadyTimeoutSeconds "
                      f"({policy.ready_timeout_seconds:.0f} s)")
             + "; fix the spec, or revert it to return to the serving revision")
@@ -283,7 +333,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
     if unschedulable_message(pods):
         result.blocked = (f"{why}; " if why else "") + (
             capacity_shortage() or unschedulable_message(pods) or "") + (
-            f"; revision {serving} keeps serving, nothing is stopped. Add nodes, or set "
+            f"; {policy.scope} {serving} keeps serving, nothing is stopped. Add nodes, or set "
             "spec.rollout.strategy to Recreate to replace the serving revision in place (no "
             "serving during the load)")
         if previous.get("phase") != BLOCKED or previous.get("to") != desired:
