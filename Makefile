@@ -58,11 +58,13 @@ test-day2: python-env engine-env bench-env cluster-bins
 unit: python-env operator-env bench-env
 	@$(PY) -m pytest tests -q -m "not cluster and not engine_env" --ignore=tests/cluster --ignore=tests/helm --ignore=tests/observability
 
-# Every generated table of docs/: the figures the tests recorded (docs/figures/*.json) and
-# the tests' case tables (docs/reliability.md).
+# Every generated table of docs/: the figures the tests recorded (docs/figures/*.json),
+# the tests' case tables (docs/reliability.md) and `longctx plan --from`'s examples
+# (docs/operator.md).
 figures: python-env
 	@$(PY) -m tests.figures --write
 	@$(PY) -m tests.reliability_doc --write
+	@$(PY) -m tests.rollout_doc --write
 
 crds: operator-env
 	@$(OPERATOR_PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from longctx_core import contract
-from longctx_operator.controller import data_path
+from longctx_operator.controller import data_path, rollout_cost
 from longctx_operator.controller.builders import vllm_router
 from longctx_operator.controller import reconcile as reconcile_module
 from longctx_operator.controller.reconcile import reconcile
@@ -119,6 +119,10 @@ def test_a_single_pod_edit_replaces_that_role_only_beside_then_switched_then_rem
     message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
     assert "decode has one pod (spec.decode.replicas = 1)" in message, message
     assert "prefill keeps its pods" in message, message
+    # What it costs, said as it starts: decode beside, prefill's warm prefixes kept.
+    assert "prefill keeps its warm prefixes" in message, message
+    assert status(fake)["rollout"]["cost"]["roles"] == {"prefill": rollout_cost.KEEPS,
+                                                        "decode": rollout_cost.BESIDE}
     # One pairing key: the router selects it, old and new decode pods alike.
     assert router_revision(fake) == key and revisions(fake) == {key}
     assert f"StatefulSet/{prefill_set}" not in out.applied

@@ -35,6 +35,8 @@ from longctx_operator.controller.rendering import rendered
 from longctx_operator.controller.replacement import (Replacement, RoleSwap, cordoned,
                                                      plan_for_revision, role_swap, swap_step)
 from longctx_operator.controller.rollout import role_revision_of
+from longctx_operator.controller.rollout_cost import (RolloutCost, prefix_tokens_per_pod,
+                                                      rollout_cost)
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from longctx_operator.controller.cluster import Cluster, KubeError
 from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
@@ -137,6 +139,8 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         drained_nodes = cordoned(kube.nodes())
         plan, replaced = plan_for_revision(cr, plan, router, revisions.get(plan.revision),
                                            serving in (None, plan.revision), drained_nodes)
+        cost = rollout_cost(cr, plan, router, revisions.get(serving or ""), replaced,
+                            prefix_tokens_per_pod(previous.get("plan") or plan_json))
         if plan.revision in revisions:
             revisions[plan.revision] = revisions[plan.revision].focused(plan.role_revisions)
         try:
@@ -151,12 +155,13 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         step = rollout.step(desired=plan.revision, serving=serving,
                             revisions=revisions, previous=previous.get("rollout") or {},
                             policy=policy, now=_utcnow(), load=load,
-                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions))
+                            capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions),
+                            cost=cost)
         if step.serving == plan.revision:
             swap = role_swap(plan, revisions.get(plan.revision))
         if swap is not None:
             step = _swap(kube, cr, plan, router, step, swap, policy, previous, idle, replaced,
-                         revisions)
+                         revisions, cost)
         _apply_children(kube, cr, plan, router, step, policy, revisions, outcome, previous,
                         idle, drained_nodes, swap)
         outcome.events += step.events
@@ -220,7 +225,7 @@ def _data_path(cr: dict[str, Any], plan: ServingPlan | None,
 def _swap(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
           step: rollout.Step, swap: RoleSwap, policy: rollout.Policy,
           previous: dict[str, Any], idle: dict[str, float], replaced: Replacement | None,
-          revisions: dict[str, rollout.Revision]) -> rollout.Step:
+          revisions: dict[str, rollout.Revision], cost: RolloutCost) -> rollout.Step:
     """The revision serves and a role's pods are replaced within it (replacement.py): the
     swap's step takes the place of the revision's own in status.rollout; both post their
     events and the revision keeps serving."""
@@ -229,7 +234,7 @@ def _swap(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
         kube, cr, router.objects(cr, plan, plan.revision), leaving)
     role_step = swap_step(swap, policy, previous.get("rollout") or {}, _utcnow(),
                           rollout.DrainLoad(idle, router_switched=switched),
-                          lambda: _gpu_shortage(kube, plan, revisions), replaced)
+                          lambda: _gpu_shortage(kube, plan, revisions), replaced, cost)
     if swap.old.name in role_step.delete:
         role_step.retire = swap.retired(cr["metadata"]["name"])
     if role_step.serving == swap.new.name:

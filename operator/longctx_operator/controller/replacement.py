@@ -194,7 +194,7 @@ def role_swap(plan: ServingPlan, live: Optional[Revision]) -> Optional[RoleSwap]
 def swap_step(swap: RoleSwap, policy: rollout.Policy, previous: dict[str, Any],
               now: datetime.datetime, load: rollout.DrainLoad,
               capacity_shortage: Callable[[], Optional[str]],
-              replaced: Optional[Replacement]) -> rollout.Step:
+              replaced: Optional[Replacement], cost: Optional[Any] = None) -> rollout.Step:
     """The rollout step of a role swap: rollout.step over the replaced roles' role
     revisions, the other role needing no Ready pod of its own (it keeps serving)."""
     policy = dataclasses.replace(
@@ -206,6 +206,6 @@ def swap_step(swap: RoleSwap, policy: rollout.Policy, previous: dict[str, Any],
     step = rollout.step(desired=desired, serving=desired if swap.switched else swap.old.name,
                         revisions={swap.old.name: swap.old, desired: swap.new},
                         previous=previous, policy=policy, now=now, load=load,
-                        capacity_shortage=capacity_shortage, why=why)
+                        capacity_shortage=capacity_shortage, why=why, cost=cost)
     step.status["roles"] = list(swap.roles)
     return step

@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from longctx_core import contract
 
 from longctx_operator.controller.pods import crash_message, unschedulable_message
+
+
+class Cost(Protocol):
+    """What a change does, said when it starts (rollout_cost.RolloutCost)."""
+
+    def describe(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 # A pod is drained once idle at two looks this far apart: longer than a request's hop
 # from its prefill leg to its decode leg, when both engines report nothing running.
@@ -180,9 +188,10 @@ class Policy:
 def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision],
          previous: dict[str, Any], policy: Policy, now: datetime.datetime,
          capacity_shortage: Callable[[], Optional[str]], load: DrainLoad = DrainLoad(),
-         why: Optional[str] = None) -> Step:
+         why: Optional[str] = None, cost: Optional[Cost] = None) -> Step:
     """The rollout step (see the module docstring); `load`: the draining pods' requests;
-    `why`: what makes `desired` a replacement of the serving revision (replacement.py)."""
+    `why`: what makes `desired` a replacement of the serving one (replacement.py); `cost`:
+    what the change does, said when it starts (rollout_cost.py)."""
     previous = previous or {}
     if serving is None or serving not in revisions:
         # Nothing serves (a new CR, or its serving revision is gone): the desired one does.
@@ -190,18 +199,28 @@ def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision]
     if serving == desired:
         return _settle(desired, revisions, previous, policy, now, load)
     if policy.strategy == "Recreate":
-        return _recreate(desired, serving, revisions, previous, policy, now)
-    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage, why)
+        return _recreate(desired, serving, revisions, previous, policy, now, cost)
+    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage, why,
+                  cost)
 
 
 def _base(previous: dict[str, Any], desired: str, serving: str, policy: Policy,
-          now: datetime.datetime) -> dict[str, Any]:
+          now: datetime.datetime, cost: Optional[Cost]) -> dict[str, Any]:
     same = previous.get("to") == desired
-    return {"strategy": policy.strategy, "from": previous.get("from") if same else serving,
-            "to": desired, "serving": serving,
-            "startTime": previous.get("startTime") if same and previous.get("startTime")
-            else _now_text(now),
-            "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
+    status = {"strategy": policy.strategy, "from": previous.get("from") if same else serving,
+              "to": desired, "serving": serving,
+              "startTime": previous.get("startTime") if same and previous.get("startTime")
+              else _now_text(now),
+              "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
+    # What the change costs, as said when it started.
+    said = previous.get("cost") if same else cost.to_json() if cost is not None else None
+    if said:
+        status["cost"] = said
+    return status
+
+
+def _started(text: str, cost: Optional[Cost]) -> str:
+    return f"{text}; {cost.describe()}" if cost is not None else text
 
 
 def _with_phase(status: dict[str, Any], previous: dict[str, Any], phase: str,
@@ -226,6 +245,7 @@ def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, An
               "from": previous.get("from") if rolled else None,
               "startTime": previous.get("startTime") if rolled else None,
               "switchTime": previous.get("switchTime") if rolled else None,
+              "cost": previous.get("cost") if rolled else None,
               "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
     status = {k: v for k, v in status.items() if v is not None}
     result = Step(serving=desired, apply_desired=True, status=status)
@@ -280,32 +300,33 @@ def _ready(revision: Optional[Revision], policy: Policy) -> bool:
 
 
 def _recreate(desired: str, serving: str, revisions: dict[str, Revision],
-              previous: dict[str, Any], policy: Policy, now: datetime.datetime) -> Step:
-    status = _with_phase(_base(previous, desired, serving, policy, now), previous, RECREATING,
-                         now)
+              previous: dict[str, Any], policy: Policy, now: datetime.datetime,
+              cost: Optional[Cost]) -> Step:
+    status = _with_phase(_base(previous, desired, serving, policy, now, cost), previous,
+                         RECREATING, now)
     status["serving"] = desired
     status["expectedDowntime"] = policy.downtime
     old = [r for r in revisions if r != desired]
     result = Step(serving=desired, apply_desired=False, delete=old, status=status)
-    result.events.append(("Warning", "RolloutStarted",
-                          f"Recreate: {policy.scope} {serving} stops now and {desired} starts when "
-                          f"its pods are gone; no request is served until then "
-                          f"({policy.downtime})"))
+    result.events.append(("Warning", "RolloutStarted", _started(
+        f"Recreate: {policy.scope} {serving} stops now and {desired} starts when its pods "
+        f"are gone; no request is served until then ({policy.downtime})", cost)))
     return result
 
 
 def _surge(desired: str, serving: str, revisions: dict[str, Revision],
            previous: dict[str, Any], policy: Policy, now: datetime.datetime,
-           capacity_shortage: Callable[[], Optional[str]], why: Optional[str]) -> Step:
-    status = _base(previous, desired, serving, policy, now)
+           capacity_shortage: Callable[[], Optional[str]], why: Optional[str],
+           cost: Optional[Cost]) -> Step:
+    status = _base(previous, desired, serving, policy, now, cost)
     result = Step(serving=serving, apply_desired=True, status=status)
     result.delete = [r for r in revisions if r not in (serving, desired)]
     if why:
         status["reason"] = why
     if previous.get("to") != desired:
-        result.events.append(("Normal", "RolloutStarted", f"Surge: {why}" if why else
-                              f"Surge: {policy.scope} {desired} comes up beside {serving}, which "
-                              "serves until the new one is Ready"))
+        result.events.append(("Normal", "RolloutStarted", _started(
+            f"Surge: {why}" if why else f"Surge: {policy.scope} {desired} comes up beside "
+            f"{serving}, which serves until the new one is Ready", cost)))
     new = revisions.get(desired)
     status["readyReplicas"] = _counts(revisions, serving, desired)
     if _ready(new, policy):
