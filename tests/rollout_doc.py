@@ -1,5 +1,6 @@
-"""docs/operator.md's `longctx plan --from` examples: the CLI's output for a decode-only, a
-prefill-only and a pairing-key edit of the seed's example, generated.
+"""docs/operator.md's `longctx plan --from` examples (the CLI's output for a decode-only, a
+prefill-only and a pairing-key edit of the seed's example) and the pairing key's fields (the
+key function's own list), generated.
 
     python -m tests.rollout_doc            # print the generated section
     python -m tests.rollout_doc --write    # rewrite it in docs/operator.md
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import json
 import re
 import sys
 import tempfile
@@ -64,7 +66,7 @@ def plan_from(edit: dict, base: dict | None = None, output: str = "table") -> st
 def _fields(edit: dict, prefix: str = "spec") -> str:
     """An edit as the spec fields it sets: `spec.engine.image: ...`."""
     return ", ".join(_fields(v, f"{prefix}.{k}") if isinstance(v, dict) else
-                     f"`{prefix}.{k}: {yaml.safe_dump(v, default_flow_style=True).strip()}`"
+                     f"`{prefix}.{k}: {json.dumps(v)}`"
                      for k, v in edit.items())
 
 
@@ -77,11 +79,21 @@ def section() -> str:
     return "\n".join(parts)
 
 
-def render(text: str) -> str:
-    begin, end = f"<!-- BEGIN {SECTION} (generated) -->\n", f"<!-- END {SECTION} -->"
+def pairing_fields() -> str:
+    from longctx_core.plan.revision import pairing_fields as fields
+
+    return "".join(f"- `{f}`\n" for f in fields())
+
+
+def _replaced(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- BEGIN {name} (generated) -->\n", f"<!-- END {name} -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
     assert pattern.search(text), f"docs/operator.md has no {begin.strip()} ... {end} block"
-    return pattern.sub(lambda _: begin + section() + end, text)
+    return pattern.sub(lambda _: begin + body + end, text)
+
+
+def render(text: str) -> str:
+    return _replaced(_replaced(text, SECTION, section()), "pairing-fields", pairing_fields())
 
 
 if __name__ == "__main__":
