@@ -226,25 +226,14 @@ def _swap(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
           step: rollout.Step, swap: RoleSwap, policy: rollout.Policy,
           previous: dict[str, Any], idle: dict[str, float], replaced: Replacement | None,
           revisions: dict[str, rollout.Revision], cost: RolloutCost) -> rollout.Step:
-    """The revision serves and a role's pods are replaced within it (replacement.py): the
-    swap's step takes the place of the revision's own in status.rollout; both post their
-    events and the revision keeps serving."""
+    """The revision serves and a role's pods are replaced within it (replacement.py)."""
     leaving = [p["metadata"]["name"] for p in swap.old.pods if p not in swap.leaving]
     switched = bool(leaving) and router.leave_out(
         kube, cr, router.objects(cr, plan, plan.revision), leaving)
-    role_step = swap_step(swap, policy, previous.get("rollout") or {}, _utcnow(),
-                          rollout.DrainLoad(idle, router_switched=switched),
-                          lambda: _gpu_shortage(kube, plan, revisions), replaced, cost)
-    if swap.old.name in role_step.delete:
-        role_step.retire = swap.retired(cr["metadata"]["name"])
-    if role_step.serving == swap.new.name:
-        role_step.leave_pool = [p["metadata"]["name"] for p in swap.leaving]
-    role_step.serving, role_step.delete = step.serving, step.delete
-    role_step.apply_desired = step.apply_desired
-    role_step.events = step.events + role_step.events
-    if step.wake_after is not None:
-        role_step.wake_after = min(step.wake_after, role_step.wake_after or step.wake_after)
-    return role_step
+    return swap_step(swap, step, policy, previous.get("rollout") or {}, _utcnow(),
+                     rollout.DrainLoad(idle, router_switched=switched),
+                     lambda: _gpu_shortage(kube, plan, revisions), replaced, cost,
+                     cr["metadata"]["name"])
 
 
 def _utcnow() -> datetime.datetime:

@@ -191,13 +191,16 @@ def role_swap(plan: ServingPlan, live: Optional[Revision]) -> Optional[RoleSwap]
     return RoleSwap(roles, new, old)
 
 
-def swap_step(swap: RoleSwap, policy: rollout.Policy, previous: dict[str, Any],
-              now: datetime.datetime, load: rollout.DrainLoad,
+def swap_step(swap: RoleSwap, revision_step: rollout.Step, policy: rollout.Policy,
+              previous: dict[str, Any], now: datetime.datetime, load: rollout.DrainLoad,
               capacity_shortage: Callable[[], Optional[str]],
-              replaced: Optional[Replacement], cost: Optional[Any] = None) -> rollout.Step:
-    """The rollout step of a role swap: rollout.step over the replaced roles' role
-    revisions, the other role needing no Ready pod of its own (it keeps serving)."""
-    policy = dataclasses.replace(
+              replaced: Optional[Replacement], cost: Optional[rollout.Cost], cr_name: str
+              ) -> rollout.Step:
+    """The step of a role swap within the serving revision, whose own step is
+    `revision_step`: rollout.step over the replaced roles' role revisions (the other role
+    needs no Ready pod of its own: it keeps serving). It takes the revision step's place in
+    status.rollout; both post their events, and the revision keeps serving."""
+    role_policy = dataclasses.replace(
         policy, scope=f"{' and '.join(swap.roles)} role revision",
         min_ready={r: policy.min_ready[r] if r in swap.roles else 0 for r in contract.ROLES})
     desired = swap.new.name
@@ -205,7 +208,17 @@ def swap_step(swap: RoleSwap, policy: rollout.Policy, previous: dict[str, Any],
         previous.get("reason") if previous.get("to") == desired else None)
     step = rollout.step(desired=desired, serving=desired if swap.switched else swap.old.name,
                         revisions={swap.old.name: swap.old, desired: swap.new},
-                        previous=previous, policy=policy, now=now, load=load,
+                        previous=previous, policy=role_policy, now=now, load=load,
                         capacity_shortage=capacity_shortage, why=why, cost=cost)
     step.status["roles"] = list(swap.roles)
+    if swap.old.name in step.delete:
+        step.retire = swap.retired(cr_name)
+    if step.serving == desired:
+        step.leave_pool = [p["metadata"]["name"] for p in swap.leaving]
+    step.serving, step.delete = revision_step.serving, revision_step.delete
+    step.apply_desired = revision_step.apply_desired
+    step.events = revision_step.events + step.events
+    if revision_step.wake_after is not None:
+        step.wake_after = min(revision_step.wake_after,
+                              step.wake_after or revision_step.wake_after)
     return step
