@@ -103,48 +103,52 @@ def pod_uids(fake: FakeCluster, role: str) -> set[str]:
             and o["metadata"]["labels"].get(contract.COMPONENT_LABEL) == role}
 
 
+@pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_single_pod_edit_replaces_that_role_only_beside_then_switched_then_removed(
-        monkeypatch):
+        monkeypatch, role):
+    (other,) = set(contract.ROLES) - {role}
     fake = FakeCluster(nodes=[node("node-a")])
     deploy(fake)
     key = steady(fake)
-    prefill_set = contract.statefulset(NAME, "prefill", key)
-    old_decode = contract.statefulset(NAME, "decode", key)
-    prefill_pods = pod_uids(fake, "prefill")
+    kept_set = contract.statefulset(NAME, other, key)
+    old_set = contract.statefulset(NAME, role, key)
+    kept_pods = pod_uids(fake, other)
     edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
-        decode=["--max-num-seqs", "3"]))
+        {role: ["--max-num-seqs", "3"]}))
     out = run(fake)
-    (new_decode,) = statefulsets(fake) - {prefill_set, old_decode}
-    assert new_decode.startswith(f"{NAME}-decode-")
+    (new_set,) = statefulsets(fake) - {kept_set, old_set}
+    assert new_set.startswith(f"{NAME}-{role}-")
     message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
-    assert "decode has one pod (spec.decode.replicas = 1)" in message, message
-    assert "prefill keeps its pods" in message, message
-    # What it costs, said as it starts: decode beside, prefill's warm prefixes kept.
-    assert "prefill keeps its warm prefixes" in message, message
-    assert status(fake)["rollout"]["cost"]["roles"] == {"prefill": rollout_cost.KEEPS,
-                                                        "decode": rollout_cost.BESIDE}
-    # One pairing key: the router selects it, old and new decode pods alike.
+    assert f"{role} has one pod (spec.{role}.replicas = 1)" in message, message
+    assert f"{other} keeps its pods" in message, message
+    # What it costs, said as it starts.
+    kept = "prefill keeps its warm prefixes" if role == "decode" else \
+        "prefill's new pods start with an empty prefix cache"   # the example has no CPU tier
+    assert kept in message, message
+    assert status(fake)["rollout"]["cost"]["roles"] == {role: rollout_cost.BESIDE,
+                                                        other: rollout_cost.KEEPS}
+    # One pairing key: the router selects it, old and new pods of the role alike.
     assert router_revision(fake) == key and revisions(fake) == {key}
-    assert f"StatefulSet/{prefill_set}" not in out.applied
+    assert f"StatefulSet/{kept_set}" not in out.applied
     assert status(fake)["rollout"]["phase"] == "Progressing"
-    assert status(fake)["rollout"]["roles"] == ["decode"]
+    assert status(fake)["rollout"]["roles"] == [role]
     fake.ready()
     switched = run(fake)
     assert "RolloutSwitched" in reasons(switched)
-    old_pod = fake.objects[("Pod", NS, f"{old_decode}-0")]
+    old_pod = fake.objects[("Pod", NS, f"{old_set}-0")]
     assert old_pod["metadata"]["labels"][contract.SERVING_LABEL] == "draining"
     dep = fake.objects[("Deployment", NS, contract.vllm_router(NAME))]
     assert dep["spec"]["template"]["metadata"]["annotations"][
-        vllm_router.DRAINING_PODS_ANNOTATION] == f"{old_decode}-0"
-    assert old_decode in statefulsets(fake)   # the router has not rolled out yet
+        vllm_router.DRAINING_PODS_ANNOTATION] == f"{old_set}-0"
+    assert old_set in statefulsets(fake)   # the router has not rolled out yet
     fake.ready()
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
     monkeypatch.setattr(reconcile_module, "_utcnow", lambda: later)   # the window is over
     drained = run(fake)
     assert "RolloutDrained" in reasons(drained)
-    assert statefulsets(fake) == {prefill_set, new_decode}
-    assert ("PodDisruptionBudget", NS, old_decode) not in fake.objects
-    assert status(fake)["revision"] == key and pod_uids(fake, "prefill") == prefill_pods
+    assert statefulsets(fake) == {kept_set, new_set}
+    assert ("PodDisruptionBudget", NS, old_set) not in fake.objects
+    assert status(fake)["revision"] == key and pod_uids(fake, other) == kept_pods
     fake.ready()
     run(fake)
     assert status(fake)["phase"] == "Ready" and status(fake)["rollout"]["phase"] == "Steady"

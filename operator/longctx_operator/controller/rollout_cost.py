@@ -93,11 +93,16 @@ class RolloutCost:
 
     def describe(self) -> str:
         """One sentence, for the RolloutStarted event."""
-        roles = "; ".join(f"{r.role} {r.how}" for r in self.roles)
-        lost = (f"prefill's CPU tier loses its warm prefixes ({self.lost_prefix_tokens:,} "
-                "tokens): each session's next turn prefills its whole prompt again"
-                if self.lost_prefix_tokens else "prefill keeps its warm prefixes")
-        return f"{roles}; {self._gpus()} at the peak; {lost}"
+        roles = "; ".join(f"{r.role}: {r.how}" for r in self.roles)
+        return f"cost: {roles}; {self._gpus()} at the peak; {self._lost()}"
+
+    def _lost(self) -> str:
+        if "prefill" not in self.rolls:
+            return "prefill keeps its warm prefixes"
+        if not self.lost_prefix_tokens:
+            return "prefill's new pods start with an empty prefix cache (it has no CPU tier)"
+        return (f"prefill's CPU tier loses its warm prefixes ({self.lost_prefix_tokens:,} "
+                "tokens): each session's next turn prefills its whole prompt again")
 
     def _gpus(self) -> str:
         if not self.peak_gpus:
@@ -120,7 +125,7 @@ class RolloutCost:
                       "        warm again as sessions send their next turns, each "
                       "prefilling its whole prompt once"]
         else:
-            lines.append("  lost: nothing; prefill keeps its pods and its warm prefixes")
+            lines.append(f"  lost: {self._lost()}")
         return "\n".join(lines)
 
 

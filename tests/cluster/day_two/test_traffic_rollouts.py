@@ -232,7 +232,8 @@ def test_single_pod_edit_under_traffic(deployment, role, edit):
         (prefill,) = deployment.urls("prefill").values()
         block = block_tokens(prefill)
         queries, hits = prefix_counters(prefill)
-        session.messages.append(first["choices"][0]["message"])
+        session.messages.append({"role": "assistant",
+                                 "content": first["choices"][0]["message"]["content"]})
         session.ask(2)
         via_router(deployment.router(), session.body(deployment.model))
         after = prefix_counters(prefill)
@@ -240,7 +241,8 @@ def test_single_pod_edit_under_traffic(deployment, role, edit):
         FIGURES.record(f"{role}-only edit, one pod per role (replaced beside)", {
             "next_turn": {"queries": after[0] - queries, "hits": after[1] - hits,
                           "first_turn_prompt_tokens": first["usage"]["prompt_tokens"]}})
-        assert after[1] - hits >= cached - block > 0, (after, (queries, hits), cached)
+        # vLLM caches whole blocks: the first turn's are all hits.
+        assert after[1] - hits >= cached > 0, (after, (queries, hits), cached)
 
 
 def test_router_edit_under_traffic(deployment):
