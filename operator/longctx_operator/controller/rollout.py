@@ -1,10 +1,12 @@
 """Revisioned rollouts, as a pure state machine over what the cluster shows.
 
-A revision is the NIXL pairing key of a spec (revision.pairing_key): its StatefulSets carry
-it in their names and labels, and the InferencePool selects exactly one revision, the
-serving one. `step` looks at the desired revision, the serving one, the revisions that
-exist and the last `status.rollout`, and says what this reconcile must do. Everything it
-needs is re-read each time, so an operator killed at any point resumes where it was.
+A revision is the NIXL pairing key of a spec (revision.pairing_key): its pods carry it in
+their labels, and the router selects exactly one revision, the serving one. `step` looks at
+the desired revision, the serving one, the revisions that exist and the last
+`status.rollout`, and says what this reconcile must do. Everything it needs is re-read each
+time, so an operator killed at any point resumes where it was. The same machine swaps one
+role's pods within the serving revision, its "revisions" then being that role's role
+revisions (replacement.swap_step).
 
     Steady ──spec changes the pairing key──▶ Progressing ──new revision Ready──▶ Draining
       ▲         (Surge)                       │  │                                │
@@ -98,11 +100,11 @@ class Revision:
     def role_pods(self, role: str) -> list[dict[str, Any]]:
         """The pods of the role's StatefulSet looked at."""
         sts = self.statefulsets.get(role)
-        if sts is None:
-            return [p for p in self.pods
-                    if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role
-                    and not self.role_sets(role)]
-        return self.set_pods(sts)
+        if sts is not None:
+            return self.set_pods(sts)
+        return [] if self.role_sets(role) else [
+            p for p in self.pods
+            if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
 
     def focused(self, role_revisions: Mapping[str, str]) -> "Revision":
         """The same revision, looking at the StatefulSet of each role's `role_revisions`
@@ -122,14 +124,15 @@ def group_revisions(statefulsets: list[dict[str, Any]], pods: list[dict[str, Any
                     ) -> dict[str, Revision]:
     """The revisions (pairing keys) that exist, each looking at its newest StatefulSet of
     each role."""
-    out: dict[str, Revision] = {}
+    sets: dict[str, list[dict[str, Any]]] = {}
     for sts in sorted(statefulsets, key=_created):
         labels = sts["metadata"].get("labels", {})
         rev, role = labels.get(contract.PAIRING_LABEL), labels.get(contract.COMPONENT_LABEL)
         if rev and role in contract.ROLES:
-            found = out.setdefault(rev, Revision(rev, {}, []))
-            found.statefulsets[role] = sts
-            out[rev] = Revision(rev, found.statefulsets, found.pods, (*found.sets, sts))
+            sets.setdefault(rev, []).append(sts)
+    out = {rev: Revision(rev, {s["metadata"]["labels"][contract.COMPONENT_LABEL]: s
+                               for s in found}, [], tuple(found))
+           for rev, found in sets.items()}
     for pod in pods:
         rev = pod["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
         if rev:
