@@ -154,6 +154,23 @@ def test_a_single_pod_edit_replaces_that_role_only_beside_then_switched_then_rem
     assert status(fake)["phase"] == "Ready" and status(fake)["rollout"]["phase"] == "Steady"
 
 
+def test_a_new_pairing_key_surges_both_roles_while_the_serving_pair_reports_ready():
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    old = steady(fake)
+    edit(fake, lambda s: s["engine"].update(image=s["engine"]["image"] + "-next"))
+    out = run(fake)
+    (new,) = revisions(fake) - {old}
+    message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
+    assert "prefill's new pods start" in message and "decode: new pods beside" in message
+    assert status(fake)["rollout"]["cost"]["newPairingKey"]
+    conditions = {c["type"]: c["status"] for c in status(fake)["conditions"]}
+    assert conditions["PrefillReady"] == conditions["DecodeReady"] == "True", conditions
+    assert router_revision(fake) == old and status(fake)["revision"] == old
+    fake.ready()
+    assert "RolloutSwitched" in reasons(run(fake)) and router_revision(fake) == new
+
+
 def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
     fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
     deploy(fake)

@@ -171,7 +171,9 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
-    focus = dict(plan.role_revisions) if plan is not None else {}
+    # Within the plan's revision, each role's own role revision (another revision has one).
+    focus = dict(plan.role_revisions) if plan is not None and serving_rev == plan.revision \
+        else {}
     if swap is not None and step is not None and not step.leave_pool and swap.leaving:
         # Until the swap's switch, the old role revision serves.
         focus.update({r: role_revision_of(s) for r, s in swap.old.statefulsets.items()})
