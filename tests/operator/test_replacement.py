@@ -124,8 +124,9 @@ def test_once_the_replacement_exists_it_is_kept_and_swapped_in():
     assert swap.old.name == live.name and not swap.switched
     assert [p["metadata"]["name"] for p in swap.leaving] == [
         f"{contract.statefulset('tiny', 'decode', live.name)}-0"]
-    assert swap.retired("tiny") == {contract.statefulset("tiny", "decode", live.name),
-                                    contract.engine_configmap("tiny", live.name)}
+    assert swap.retired("tiny", [live.name]) == {
+        contract.statefulset("tiny", "decode", live.name),
+        contract.engine_configmap("tiny", live.name)}
     for pod in swap.old.pods:
         pod["metadata"]["annotations"] = {DRAINING_ANNOTATION: "2026-01-01T00:00:09Z"}
     assert swap.switched
@@ -133,6 +134,18 @@ def test_once_the_replacement_exists_it_is_kept_and_swapped_in():
     focused = live.focused(again.role_revisions)
     assert [p["metadata"]["name"] for p in focused.role_pods("decode")] == [
         f"{contract.statefulset('tiny', 'decode', replaced.revision)}-0"]
+
+
+def test_a_third_edit_supersedes_a_replacement_none_of_whose_pods_got_ready():
+    _, replaced, live = with_replacement(single(**DECODE_EDIT))
+    third = single(extraArgs={"decode": ["--max-num-seqs", "5"]})
+    decided, again = decide(third, live)
+    assert again is not None and again.revision not in (live.name, replaced.revision)
+    swap = role_swap(decided, live)
+    assert swap.old.name == live.name and swap.superseded.name == replaced.revision
+    assert swap.retired("tiny", [replaced.revision]) == {
+        contract.statefulset("tiny", "decode", replaced.revision),
+        contract.engine_configmap("tiny", replaced.revision)}
 
 
 def test_reverting_the_edit_swaps_back_to_the_serving_pods():

@@ -136,11 +136,14 @@ def plan_for_revision(cr: dict[str, Any], plan: ServingPlan, router: Router,
 @dataclass(frozen=True)
 class RoleSwap:
     """The role revisions of the serving revision being replaced: the desired one of each
-    replaced role (`new`) and every other (`old`), each as a Revision of those roles."""
+    replaced role (`new`), those that served before it (`old`) and those a later edit
+    superseded before any of their pods was Ready (`superseded`, removed at once), each as
+    a Revision of those roles."""
 
     roles: tuple[str, ...]
     new: Revision
     old: Revision
+    superseded: Optional[Revision] = None
 
     @property
     def leaving(self) -> list[dict[str, Any]]:
@@ -152,11 +155,13 @@ class RoleSwap:
         """Whether the old pods have left the pool (the cluster says so: their marks)."""
         return not self.leaving
 
-    def retired(self, cr_name: str) -> set[str]:
-        """The objects of the old role revisions (StatefulSets, PDBs, ConfigMaps)."""
-        names = {s["metadata"]["name"] for s in self.old.sets}
-        return names | {contract.engine_configmap(cr_name, role_revision_of(s) or "")
-                        for s in self.old.sets}
+    def retired(self, cr_name: str, deleted: list[str]) -> set[str]:
+        """The objects (StatefulSets, PDBs, ConfigMaps) of the role revisions among
+        `deleted`."""
+        sets = [s for r in (self.old, self.superseded) if r is not None and r.name in deleted
+                for s in r.sets]
+        return {s["metadata"]["name"] for s in sets} | {
+            contract.engine_configmap(cr_name, role_revision_of(s) or "") for s in sets}
 
 
 def _marked(pod: dict[str, Any]) -> bool:
@@ -175,20 +180,26 @@ def role_swap(plan: ServingPlan, live: Optional[Revision]) -> Optional[RoleSwap]
     if not roles:
         return None
     new_sets = {r: s for r in roles for s in live.role_sets(r) if role_revision_of(s) == want[r]}
-    old_sets = tuple(s for r in roles for s in live.role_sets(r)
-                     if role_revision_of(s) != want[r])
-    old_first = {}
-    for s in old_sets:
-        old_first.setdefault(s["metadata"]["labels"][contract.COMPONENT_LABEL], s)
+    old_sets: list[dict[str, Any]] = []
+    superseded: list[dict[str, Any]] = []
+    for r in roles:
+        others = [s for s in live.role_sets(r) if role_revision_of(s) != want[r]]
+        # The oldest served; a later one none of whose pods got Ready never did.
+        old_sets += [s for i, s in enumerate(others)
+                     if i == 0 or (s.get("status") or {}).get("readyReplicas")]
+        superseded += [s for s in others if s not in old_sets]
 
-    def named(revisions: Any) -> str:
-        return "/".join(dict.fromkeys(revisions))
-    new = Revision(named(want[r] for r in roles), new_sets,
-                   [p for s in new_sets.values() for p in live.set_pods(s)],
-                   tuple(new_sets.values()))
-    old = Revision(named(role_revision_of(s) or "" for s in old_sets), old_first,
-                   [p for s in old_sets for p in live.set_pods(s)], old_sets)
-    return RoleSwap(roles, new, old)
+    def grouped(sets: list[dict[str, Any]]) -> Revision:
+        first: dict[str, dict[str, Any]] = {}
+        for s in sets:
+            first.setdefault(s["metadata"]["labels"][contract.COMPONENT_LABEL], s)
+        return Revision("/".join(dict.fromkeys(role_revision_of(s) or "" for s in sets)),
+                        first, [p for s in sets for p in live.set_pods(s)], tuple(sets))
+    new = grouped(list(new_sets.values()))
+    new = Revision("/".join(dict.fromkeys(want[r] for r in roles)), new.statefulsets,
+                   new.pods, new.sets)
+    return RoleSwap(roles, new, grouped(old_sets),
+                    grouped(superseded) if superseded else None)
 
 
 def swap_step(swap: RoleSwap, revision_step: rollout.Step, policy: rollout.Policy,
@@ -206,13 +217,12 @@ def swap_step(swap: RoleSwap, revision_step: rollout.Step, policy: rollout.Polic
     desired = swap.new.name
     why = replaced.describe() if replaced is not None else (
         previous.get("reason") if previous.get("to") == desired else None)
+    revisions = {r.name: r for r in (swap.old, swap.superseded, swap.new) if r is not None}
     step = rollout.step(desired=desired, serving=desired if swap.switched else swap.old.name,
-                        revisions={swap.old.name: swap.old, desired: swap.new},
-                        previous=previous, policy=role_policy, now=now, load=load,
-                        capacity_shortage=capacity_shortage, why=why, cost=cost)
+                        revisions=revisions, previous=previous, policy=role_policy, now=now,
+                        load=load, capacity_shortage=capacity_shortage, why=why, cost=cost)
     step.status["roles"] = list(swap.roles)
-    if swap.old.name in step.delete:
-        step.retire = swap.retired(cr_name)
+    step.retire = swap.retired(cr_name, step.delete)
     if step.serving == desired:
         step.leave_pool = [p["metadata"]["name"] for p in swap.leaving]
     step.serving, step.delete = revision_step.serving, revision_step.delete
