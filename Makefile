@@ -59,12 +59,14 @@ unit: python-env operator-env bench-env
 
 # Every generated table of docs/: a run's figures (RUN=build/figures/<run>, default the latest
 # run; a test run records there, never into tracked files) into docs/figures/*.json and the
-# tables built from them, the tests' case tables (docs/reliability.md) and the dials each
-# router's components make (docs/router.md, read from the rendering).
+# tables built from them, the tests' case tables (docs/reliability.md), the dials each
+# router's components make (docs/router.md, read from the rendering) and `longctx plan
+# --from`'s examples (docs/operator.md).
 figures: python-env
 	@$(PY) -m tests.figures --write $(RUN)
 	@$(PY) -m tests.reliability_doc --write
 	@$(PY) -m tests.router_dials --write
+	@$(PY) -m tests.rollout_doc --write
 
 crds: operator-env
 	@$(OPERATOR_PY) -m longctx_operator.cli crd --write crds/longctx.dev_longcontextdeployments.yaml charts/longctx/crds/longctx.dev_longcontextdeployments.yaml

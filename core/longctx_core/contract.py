@@ -20,8 +20,9 @@ PLURAL = "longcontextdeployments"
 ROLES = ("prefill", "decode")
 FIELD_MANAGER = "longctx-operator"
 
-# A revision is the NIXL pairing key (revision.pairing_key) of a spec: hex digits, in the
-# names of its StatefulSets, PDBs and ConfigMap and in every object's pairing label.
+# A revision is the NIXL pairing key (revision.pairing_key) of a spec, and a role revision
+# one role's pods within it (the key, or a replacement of that role's pods beside the
+# serving ones): hex digits, in the names of its StatefulSets, PDBs and ConfigMap.
 REVISION_LENGTH = 10
 # The StatefulSet controller labels pods with "<statefulset>-<hash of 10>", at most 63
 # characters; the longest StatefulSet is "<name>-prefill-<revision>".
@@ -112,11 +113,13 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 ROLE_LABEL = "llm-d.ai/role"
 SERVING_LABEL = "llm-d.ai/inference-serving"
-# Serving pods' revision: their NIXL pairing key (revision.pairing_key), or a replacement
-# revision of that key; the InferencePool and vllm-router select on it.
+# Serving pods' revision: their NIXL pairing key (revision.pairing_key); the InferencePool
+# and vllm-router select on it, so they serve every role revision of the key at once.
 PAIRING_LABEL = "longctx.dev/pairing"
-# On a replacement revision's StatefulSets: the pairing key the revision replaces pods of.
-PAIRING_KEY_ANNOTATION = "longctx.dev/pairing-key"
+# A role's pods within a pairing key: the key itself, or a replacement of that role's pods
+# brought up beside the serving ones (controller/replacement.py); in the StatefulSet's name
+# and selector.
+ROLE_REVISION_LABEL = "longctx.dev/revision"
 # On an engine StatefulSet: a digest of the pod template the operator rendered for it (a
 # template that differs from it drifted; a new digest is a change of the spec or rendering).
 TEMPLATE_DIGEST_ANNOTATION = "longctx.dev/template-digest"
@@ -135,25 +138,32 @@ ENGINE_CONFIG_COMPONENT = "engine"
 
 
 def selector_labels(cr_name: str, component: str | None = None,
-                    revision: str | None = None) -> dict[str, str]:
+                    revision: str | None = None, role_revision: str | None = None
+                    ) -> dict[str, str]:
     """Labels that select a CR's objects (with a component, one role's pods; with a
-    revision, only that revision's)."""
+    revision, only that pairing key's; with a role revision, only that StatefulSet's)."""
     labels = {NAME_LABEL: "longctx", INSTANCE_LABEL: cr_name}
     if component:
         labels[COMPONENT_LABEL] = component
     if revision:
         labels[PAIRING_LABEL] = revision
+    if role_revision:
+        labels[ROLE_REVISION_LABEL] = role_revision
     return labels
 
 
-def labels(cr_name: str, component: str, pairing: str | None = None) -> dict[str, str]:
-    """Labels every child carries; engine pods add the llm-d role labels and their pairing key."""
+def labels(cr_name: str, component: str, pairing: str | None = None,
+           role_revision: str | None = None) -> dict[str, str]:
+    """Labels every child carries; engine pods add the llm-d role labels, their pairing key
+    and their role revision."""
     out = {**selector_labels(cr_name, component), MANAGED_BY_LABEL: FIELD_MANAGER}
     if component in ROLES:
         out[ROLE_LABEL] = component
         out[SERVING_LABEL] = "true"
     if pairing:
         out[PAIRING_LABEL] = pairing
+    if role_revision:
+        out[ROLE_REVISION_LABEL] = role_revision
     return out
 
 

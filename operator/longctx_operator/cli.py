@@ -33,6 +33,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = api.load_spec(cr.get("spec"))
     if args.suggest:
         return _suggest(spec, args)
+    if args.running:
+        return _rollout(read_manifest(args.running), cr, args.output)
     capacity = plan(spec)
     try:
         profile = hardware.load_profile(args.hardware) if args.hardware else None
@@ -74,6 +76,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
             text += "\n" + render_compare(rows)
         print(text)
     return 0 if capacity.fits else 3
+
+
+def _rollout(running: dict, cr: dict, output: str) -> int:
+    """What applying `cr` over the `running` one does: the operator's own decision against
+    the running spec's rendered StatefulSets (controller/rollout_cost.py)."""
+    from longctx_core.plan.revision import pairing_changes
+    from longctx_core.plan.roles import serving_plan
+    from longctx_core.sizing.planner import plan as capacity_plan
+    from longctx_operator.controller.builders.engine import revision_objects
+    from longctx_operator.controller.replacement import plan_for_revision
+    from longctx_operator.controller.rollout import group_revisions
+    from longctx_operator.controller.rollout_cost import prefix_tokens_per_pod, rollout_cost
+    from longctx_operator.controller.routers import router_for
+
+    meta = {"namespace": "default", "uid": "", **cr["metadata"]}
+    if running["metadata"].get("name") != meta.get("name"):
+        raise SpecError(f"--from names metadata.name={running['metadata'].get('name')!r} but "
+                        f"-f names {meta.get('name')!r}: compare two versions of one "
+                        "LongContextDeployment")
+    cr, running = {**cr, "metadata": meta}, {**running, "metadata": meta}
+    before = serving_plan(api.load_spec(running.get("spec")), meta["name"])
+    after = serving_plan(api.load_spec(cr.get("spec")), meta["name"])
+    sets = [o for o in revision_objects(running, before, router_for(before.spec))
+            if o["kind"] == "StatefulSet"]
+    live = group_revisions(sets, [])[before.revision]
+    same_key = before.pairing_key == after.pairing_key
+    router = router_for(after.spec)
+    decided, replaced = plan_for_revision(cr, after, router, live if same_key else None,
+                                          True, set())
+    cost = rollout_cost(cr, decided, router, live, replaced,
+                        prefix_tokens_per_pod(capacity_plan(before.spec).to_json()),
+                        tuple(pairing_changes(before.spec, after.spec)))
+    print(json.dumps(cost.to_json(), indent=2) if output == "json" else cost.render())
+    return 0
 
 
 def _suggest(spec: api.LongContextDeploymentSpec, args: argparse.Namespace) -> int:
@@ -193,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suggest", action="store_true", help="propose the smallest prefill and "
                    "decode layouts that hold maxContextTokens on nodes of --gpus-per-node GPUs "
                    "(and --node-memory host memory)")
+    p.add_argument("--from", dest="running", metavar="RUNNING", help="the spec that runs "
+                   "now: print what applying -f over it does instead (which roles roll and "
+                   "how, GPUs at the peak, prefill's warm prefixes lost)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="with --suggest (default 8)")
     p.add_argument("--node-memory", help="with --suggest: allocatable host memory of a node, "
                    "e.g. 2Ti (default: not checked)")

@@ -61,9 +61,15 @@ _ROLLOUT_STATUS = {
                        "description": "When the old revision's pods are removed."},
         "lastTransitionTime": {"type": "string", "format": "date-time"},
         "expectedDowntime": {"type": "string", "description": "Recreate: what it costs."},
-        "reason": {"type": "string", "description": "Why a revision of the same pairing key "
-                   "replaces the serving one: a role of one pod changes or is on a node "
-                   "being drained."},
+        "reason": {"type": "string", "description": "Why a role's pods are replaced beside "
+                   "the serving ones: a role of one pod changes or is on a node being "
+                   "drained."},
+        "roles": {"type": "array", "items": {"type": "string"},
+                  "description": "The roles whose pods a replacement within the revision "
+                  "(pairing key) swaps; the other role keeps its pods."},
+        "cost": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                 "description": "What the change does, said when it started: how each role "
+                 "rolls, runningGPUs, peakGPUs and lostPrefixTokens (prefill's CPU tier)."},
         "readyReplicas": {"type": "object", "additionalProperties": _READY_BY_ROLE,
                           "description": "Ready pods of each role, by revision."},
     },

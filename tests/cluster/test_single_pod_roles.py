@@ -1,8 +1,8 @@
 """The seed's shape, one pod per role, on the real control plane (kwok pods of
 kwok_stages.LOAD_IMAGE become Ready after a simulated model load): an in-place edit and a
-node drain replace a role's only pod beside the serving revision instead of restarting it,
-the router's pool never selects zero Ready pods of a role, and without room the operator
-says so before anything stops."""
+node drain replace a role's only pod beside the serving one instead of restarting it, and
+only that role's (the other keeps its pod), the router's pool never selects zero Ready pods
+of a role, and without room the operator says so before anything stops."""
 
 from __future__ import annotations
 
@@ -38,17 +38,33 @@ def pod_states(cluster, namespace: str) -> dict[str, tuple]:
             for n, p in engine_pods(cluster, namespace).items()}
 
 
-def revisions(cluster, namespace: str) -> set[str]:
-    return {s["metadata"]["labels"][contract.PAIRING_LABEL]
-            for s in cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm")}
+def role_revisions(cluster, namespace: str) -> dict[str, list[str]]:
+    """Each role's StatefulSets (role revisions), all of the one pairing key."""
+    out: dict[str, list[str]] = {}
+    for sts in cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm"):
+        labels = sts["metadata"]["labels"]
+        out.setdefault(labels[contract.COMPONENT_LABEL], []).append(
+            labels[contract.ROLE_REVISION_LABEL])
+    return out
 
 
-def steady(cluster, namespace: str) -> str | None:
-    """The serving revision once Ready, nothing rolling and no other revision left."""
+def steady(cluster, namespace: str) -> dict[str, str] | None:
+    """Each role's role revision once Ready, nothing rolling and no other role revision or
+    pairing key left."""
     st = status(cluster, namespace)
     rev = st.get("revision")
-    return rev if (st.get("phase") == "Ready" and (st.get("rollout") or {}).get("phase") ==
-                   "Steady" and revisions(cluster, namespace) == {rev}) else None
+    sets = role_revisions(cluster, namespace)
+    keys = {s["metadata"]["labels"][contract.PAIRING_LABEL]
+            for s in cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm")}
+    if st.get("phase") == "Ready" and (st.get("rollout") or {}).get("phase") == "Steady" \
+            and keys == {rev} and all(len(sets.get(r, [])) == 1 for r in contract.ROLES):
+        return {r: sets[r][0] for r in contract.ROLES}
+    return None
+
+
+def uids(cluster, namespace: str, role: str) -> set[str]:
+    return {p["metadata"]["uid"] for p in engine_pods(cluster, namespace).values()
+            if p["metadata"]["labels"][contract.COMPONENT_LABEL] == role}
 
 
 def messages(cluster, namespace: str, reason: str) -> list[str]:
@@ -61,42 +77,46 @@ def never_empty(sampler: PoolSampler) -> None:
     assert not empty, f"{len(empty)} of {len(sampler.samples)} samples: a role had no Ready pod"
 
 
-def test_an_in_place_edit_of_a_single_pod_role_is_a_replacement(cluster, operator, namespace):
+def test_an_in_place_edit_of_a_single_pod_role_replaces_that_role_only(cluster, operator,
+                                                                       namespace):
     cr = rollout_cr(LOAD_IMAGE)
     assert cluster.apply(cr, namespace).returncode == 0
     old = wait_for(lambda: steady(cluster, namespace), 90, "the first revision Ready")
-    assert old == revision_of(cr)
+    key = revision_of(cr)
+    assert old == dict.fromkeys(contract.ROLES, key)
+    prefill = uids(cluster, namespace, "prefill")
     sampler = PoolSampler(namespace, "glm")
     sampler.start()
     try:
         cr["spec"]["engine"]["extraArgs"] = DECODE_EDIT
         assert cluster.apply(cr, namespace).returncode == 0
         new = wait_for(lambda: (r := steady(cluster, namespace)) != old and r, 120,
-                       "the replacement serving alone")
-        sampler.until(lambda s: s.selected == new, 30, "the pool on the replacement")
+                       "the decode replacement serving alone")
     finally:
         sampler.stop.set()
         sampler.join()
     never_empty(sampler)
+    # One pairing key throughout: the pool selected it, and the prefill pod stayed.
+    assert {s.selected for s in sampler.samples} == {key}
+    assert new["prefill"] == key and new["decode"] != key
+    assert uids(cluster, namespace, "prefill") == prefill
     (started,) = messages(cluster, namespace, "RolloutStarted")
     assert "decode has one pod (spec.decode.replicas = 1) and its pod template changes" \
-        in started and "instead of a restart in place" in started, started
+        in started and "instead of a restart in place" in started \
+        and "prefill keeps its pods" in started, started
     assert messages(cluster, namespace, "RolloutDrained")
-    # The same NIXL pairing key: the replacement's pods pair as the old ones did.
-    sts = cluster.list("statefulsets", namespace, "app.kubernetes.io/instance=glm")
-    assert {s["metadata"]["annotations"][contract.PAIRING_KEY_ANNOTATION] for s in sts} == {old}
-    # Scaling it up later is in place: no third revision.
+    # Scaling it up later is in place: no third role revision.
     cr["spec"]["decode"]["replicas"] = 2
     assert cluster.apply(cr, namespace).returncode == 0
     wait_for(lambda: steady(cluster, namespace) == new and len(engine_pods(
-        cluster, namespace)) == 3, 90, "two decode pods in the replacement revision")
+        cluster, namespace)) == 3, 90, "two decode pods in the replacement role revision")
 
 
 def test_without_room_it_says_so_and_stops_nothing(cluster, operator, namespace, two_nodes):
     cr = pinned(rollout_cr(LOAD_IMAGE), two_nodes)
     assert cluster.apply(cr, namespace).returncode == 0
     wait_for(lambda: steady(cluster, namespace), 90, "the first revision Ready")
-    uids = {n: p["metadata"]["uid"] for n, p in engine_pods(cluster, namespace).items()}
+    before = {n: p["metadata"]["uid"] for n, p in engine_pods(cluster, namespace).items()}
     cr["spec"]["engine"]["extraArgs"] = DECODE_EDIT
     assert cluster.apply(cr, namespace).returncode == 0
     blocked = wait_for(lambda: (c := condition(cluster, namespace, "RolloutBlocked")).get(
@@ -108,7 +128,7 @@ def test_without_room_it_says_so_and_stops_nothing(cluster, operator, namespace,
     assert messages(cluster, namespace, "RolloutBlocked")
     time.sleep(3)
     pods = engine_pods(cluster, namespace)
-    assert {n: p["metadata"]["uid"] for n, p in pods.items() if n in uids} == uids
+    assert {n: p["metadata"]["uid"] for n, p in pods.items() if n in before} == before
     # The user accepts the gap: Recreate restarts the pod in place.
     cr["spec"]["rollout"]["strategy"] = "Recreate"
     assert cluster.apply(cr, namespace).returncode == 0
@@ -117,12 +137,12 @@ def test_without_room_it_says_so_and_stops_nothing(cluster, operator, namespace,
         now = engine_pods(cluster, namespace)
         return steady(cluster, namespace) is not None and any(
             p["metadata"]["labels"][contract.COMPONENT_LABEL] == "decode"
-            and p["metadata"]["uid"] not in uids.values() for p in now.values())
+            and p["metadata"]["uid"] not in before.values() for p in now.values())
     try:
         wait_for(decode_restarted, 120, "the decode pod restarted in place")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; pods: {pod_states(cluster, namespace)}; old uids: "
-                             f"{uids}; status: {status(cluster, namespace)}") from None
+                             f"{before}; status: {status(cluster, namespace)}") from None
 
 
 def test_a_node_drain_moves_the_only_pod_first(cluster, operator, namespace):
@@ -132,6 +152,9 @@ def test_a_node_drain_moves_the_only_pod_first(cluster, operator, namespace):
     (decode,) = [p for p in engine_pods(cluster, namespace).values()
                  if p["metadata"]["labels"][contract.COMPONENT_LABEL] == "decode"]
     node = decode["spec"]["nodeName"]
+    (prefill,) = [p for p in engine_pods(cluster, namespace).values()
+                  if p["metadata"]["labels"][contract.COMPONENT_LABEL] == "prefill"]
+    moves_prefill = prefill["spec"]["nodeName"] == node
     sampler = PoolSampler(namespace, "glm")
     sampler.start()
     drain = subprocess.Popen(
@@ -157,4 +180,6 @@ def test_a_node_drain_moves_the_only_pod_first(cluster, operator, namespace):
     assert f"on node {node}, which is being drained" in started, started
     # The evictions kubectl retried were refused by the PodDisruptionBudget meanwhile.
     assert "disruption budget" in out, out
-    assert new != old
+    assert new["decode"] != old["decode"]
+    # A pod on another node stays where it is.
+    assert moves_prefill or prefill["metadata"]["uid"] in uids(cluster, namespace, "prefill")

@@ -236,12 +236,16 @@ class PodCounters:
         self.engines, self.namespace, self.name, self.period = engines, namespace, name, period
         self.last: dict[str, tuple[str, str, float, float]] = {}   # uid -> role, rev, n, tok
         self.first: dict[str, tuple[float, float]] = {}
+        self._started = False
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> "PodCounters":
         self.poll()
+        # A pod that turns Ready later runs an engine started since: its counters begin at
+        # 0, and the router may send it a request before the next poll.
+        self._started = True
         self._thread.start()
         return self
 
@@ -261,7 +265,7 @@ class PodCounters:
                     self.errors.append(f"{pod_name}: {exc}"[:300])
                 continue
             labels, uid = pod["metadata"]["labels"], pod["metadata"]["uid"]
-            self.first.setdefault(uid, (n, tokens))
+            self.first.setdefault(uid, (0.0, 0.0) if self._started else (n, tokens))
             self.last[uid] = (labels["app.kubernetes.io/component"],
                               labels["longctx.dev/pairing"], n, tokens)
 

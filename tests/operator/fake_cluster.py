@@ -6,6 +6,7 @@ pods exist itself (`ready`)."""
 from __future__ import annotations
 
 import copy
+import datetime
 from typing import Any, Optional
 
 from longctx_core import contract
@@ -33,6 +34,7 @@ class FakeCluster:
         self._nodes = nodes
         self.crds = crds
         self.writes: list[tuple[str, str]] = []     # (verb, "Kind/name")
+        self.created = 0
 
     # -- the Cluster interface
 
@@ -61,6 +63,10 @@ class FakeCluster:
                 **copy.deepcopy(m), "status": live.get("status", {}),
                 "metadata": _merge(live["metadata"], m["metadata"])}
             obj["metadata"].setdefault("uid", f"uid-{key[2]}")
+            if live is None:   # in order of creation, as the API server's stamps are
+                self.created += 1
+                obj["metadata"]["creationTimestamp"] = datetime.datetime.fromtimestamp(
+                    self.created, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             obj["metadata"]["generation"] = (live or {}).get("metadata", {}).get(
                 "generation", 0) + (live is None or live.get("spec") != m.get("spec"))
             self.objects[key] = obj
@@ -107,9 +113,14 @@ class FakeCluster:
                 labels[contract.POD_INDEX_LABEL] = str(i)
                 key = ("Pod", ns, f"{name}-{i}")
                 old = self.objects.get(key)
+                # What the operator patched onto a pod stays (a scale-down's or a swap's marks).
+                kept = (old or {}).get("metadata", {})
+                labels.update({k: v for k, v in (kept.get("labels") or {}).items()
+                               if k == contract.SERVING_LABEL})
                 self.objects[key] = {
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": key[2], "namespace": ns, "labels": labels,
+                                 "annotations": dict(kept.get("annotations") or {}),
                                  "uid": (old or {}).get("metadata", {}).get("uid", f"uid-{key[2]}")},
                     "spec": {"nodeName": (old or {}).get("spec", {}).get("nodeName", node),
                              "containers": sts["spec"]["template"]["spec"]["containers"]},

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from longctx_core import contract
-from longctx_operator.controller import data_path
+from longctx_operator.controller import data_path, rollout_cost
 from longctx_operator.controller.builders import vllm_router
 from longctx_operator.controller import reconcile as reconcile_module
 from longctx_operator.controller.reconcile import reconcile
@@ -94,30 +94,81 @@ def test_a_new_cr_creates_one_revision_and_turns_ready():
     assert not run(fake).applied and fake.writes == []
 
 
-def test_a_single_pod_edit_is_replaced_beside_then_switched_then_removed(monkeypatch):
+def statefulsets(fake: FakeCluster) -> set[str]:
+    return {name for (kind, _, name) in fake.objects if kind == "StatefulSet"}
+
+
+def pod_uids(fake: FakeCluster, role: str) -> set[str]:
+    return {o["metadata"]["uid"] for (kind, _, _), o in fake.objects.items() if kind == "Pod"
+            and o["metadata"]["labels"].get(contract.COMPONENT_LABEL) == role}
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_a_single_pod_edit_replaces_that_role_only_beside_then_switched_then_removed(
+        monkeypatch, role):
+    (other,) = set(contract.ROLES) - {role}
     fake = FakeCluster(nodes=[node("node-a")])
     deploy(fake)
-    old = steady(fake)
-    old_pods = {k for k in fake.objects if k[0] == "Pod"}
+    key = steady(fake)
+    kept_set = contract.statefulset(NAME, other, key)
+    old_set = contract.statefulset(NAME, role, key)
+    kept_pods = pod_uids(fake, other)
     edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
-        decode=["--max-num-seqs", "3"]))
+        {role: ["--max-num-seqs", "3"]}))
     out = run(fake)
-    (new,) = revisions(fake) - {old}
+    (new_set,) = statefulsets(fake) - {kept_set, old_set}
+    assert new_set.startswith(f"{NAME}-{role}-")
     message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
-    assert "decode has one pod (spec.decode.replicas = 1)" in message
-    assert router_revision(fake) == old and old_pods <= set(fake.objects)   # old serves
+    assert f"{role} has one pod (spec.{role}.replicas = 1)" in message, message
+    assert f"{other} keeps its pods" in message, message
+    # What it costs, said as it starts.
+    kept = "prefill keeps its warm prefixes" if role == "decode" else \
+        "prefill's new pods start with an empty prefix cache"   # the example has no CPU tier
+    assert kept in message, message
+    assert status(fake)["rollout"]["cost"]["roles"] == {role: rollout_cost.BESIDE,
+                                                        other: rollout_cost.KEEPS}
+    # One pairing key: the router selects it, old and new pods of the role alike.
+    assert router_revision(fake) == key and revisions(fake) == {key}
+    assert f"StatefulSet/{kept_set}" not in out.applied
     assert status(fake)["rollout"]["phase"] == "Progressing"
+    assert status(fake)["rollout"]["roles"] == [role]
     fake.ready()
     switched = run(fake)
-    assert "RolloutSwitched" in reasons(switched) and router_revision(fake) == new
-    # The router has not rolled out its new template yet: the old revision stays.
-    assert revisions(fake) == {old, new}
+    assert "RolloutSwitched" in reasons(switched)
+    old_pod = fake.objects[("Pod", NS, f"{old_set}-0")]
+    assert old_pod["metadata"]["labels"][contract.SERVING_LABEL] == "draining"
+    dep = fake.objects[("Deployment", NS, contract.vllm_router(NAME))]
+    assert dep["spec"]["template"]["metadata"]["annotations"][
+        vllm_router.DRAINING_PODS_ANNOTATION] == f"{old_set}-0"
+    assert old_set in statefulsets(fake)   # the router has not rolled out yet
     fake.ready()
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
     monkeypatch.setattr(reconcile_module, "_utcnow", lambda: later)   # the window is over
     drained = run(fake)
-    assert "RolloutDrained" in reasons(drained) and revisions(fake) == {new}
-    assert status(fake)["revision"] == new
+    assert "RolloutDrained" in reasons(drained)
+    assert statefulsets(fake) == {kept_set, new_set}
+    assert ("PodDisruptionBudget", NS, old_set) not in fake.objects
+    assert status(fake)["revision"] == key and pod_uids(fake, other) == kept_pods
+    fake.ready()
+    run(fake)
+    assert status(fake)["phase"] == "Ready" and status(fake)["rollout"]["phase"] == "Steady"
+
+
+def test_a_new_pairing_key_surges_both_roles_while_the_serving_pair_reports_ready():
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    old = steady(fake)
+    edit(fake, lambda s: s["engine"].update(image=s["engine"]["image"] + "-next"))
+    out = run(fake)
+    (new,) = revisions(fake) - {old}
+    message = dict((r, m) for _, r, m in out.events)["RolloutStarted"]
+    assert "prefill's new pods start" in message and "decode: new pods beside" in message
+    assert status(fake)["rollout"]["cost"]["newPairingKey"]
+    conditions = {c["type"]: c["status"] for c in status(fake)["conditions"]}
+    assert conditions["PrefillReady"] == conditions["DecodeReady"] == "True", conditions
+    assert router_revision(fake) == old and status(fake)["revision"] == old
+    fake.ready()
+    assert "RolloutSwitched" in reasons(run(fake)) and router_revision(fake) == new
 
 
 def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
@@ -130,8 +181,10 @@ def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
                      "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
         "spec": {"nodeName": "node-a"}, "status": {}}
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
+    before = statefulsets(fake)
     out = run(fake)
-    assert len(revisions(fake) - {old}) == 1
+    # Both roles' only pods are on the drained node: each gets a new role revision beside.
+    assert len(statefulsets(fake) - before) == 2 and revisions(fake) == {old}
     events = dict((r, m) for _, r, m in out.events)
     assert "on node node-a, which is being drained" in events["RolloutStarted"]
     assert "node-a" in events["RouterMoving"]
@@ -186,9 +239,9 @@ def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
     assert calls == {"plan": 1, "render": 2}, calls
 
 
-def test_the_old_revision_outlives_an_old_router_pod_still_shutting_down(monkeypatch):
+def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch):
     """A router pod of the old template, still terminating, serves whoever holds its
-    address: the old revision stays until it is gone, though its engines are idle."""
+    address: the old decode pod stays until it is gone, though its engine is idle."""
     from longctx_operator.controller import engine_load
     monkeypatch.setattr(engine_load, "pod_idle", lambda pod, timeout=0: True)
     fake = FakeCluster(nodes=[node("node-a")])
@@ -212,9 +265,11 @@ def test_the_old_revision_outlives_an_old_router_pod_still_shutting_down(monkeyp
         monkeypatch.setattr(reconcile_module, "_utcnow",
                             lambda s=seconds: now + datetime.timedelta(seconds=s))
         assert "RolloutDrained" not in reasons(run(fake))
-    assert old in revisions(fake)
+    old_decode = contract.statefulset(NAME, "decode", old)
+    assert old_decode in statefulsets(fake)
     del fake.objects[("Pod", NS, "tiny-router-old")]
     monkeypatch.setattr(reconcile_module, "_utcnow",
                         lambda: now + datetime.timedelta(seconds=18))
     drained = [m for _, r, m in run(fake).events if r == "RolloutDrained"]
-    assert drained and "held no request" in drained[0] and old not in revisions(fake)
+    assert drained and "held no request" in drained[0]
+    assert old_decode not in statefulsets(fake)

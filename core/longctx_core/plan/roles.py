@@ -31,8 +31,9 @@ class RolePlan:
     memory: PodMemory
     pairing_key: str
     faults: FaultSettings       # the data path's timeouts and failure policy (faults.py)
-    # The revision the role's objects belong to: the pairing key, or a replacement revision
-    # of it that the operator brings up beside the serving one (controller/replacement.py).
+    # The role revision the role's objects belong to: the pairing key, or a replacement of
+    # this role's pods that the operator brings up beside the serving ones
+    # (controller/replacement.py).
     revision: str = ""
     # What the role's pods run, once the operator has rendered it for its CR
     # (controller/rendering.py); builders read it instead of rendering again.
@@ -73,16 +74,24 @@ class ServingPlan:
 
     @property
     def revision(self) -> str:
-        return self.prefill.revision
+        """The revision: the pairing key both roles share (each role's objects are named
+        for its own role revision of it)."""
+        return self.prefill.pairing_key
 
     @property
     def pairing_key(self) -> str:
         return self.prefill.pairing_key
 
-    def with_revision(self, revision: str) -> "ServingPlan":
-        """The same plan, its objects named for `revision` (a replacement of its key)."""
-        return dataclasses.replace(self, **{r.role: dataclasses.replace(r, revision=revision)
-                                            for r in self.roles})
+    @property
+    def role_revisions(self) -> dict[str, str]:
+        return {r.role: r.revision for r in self.roles}
+
+    def with_role_revisions(self, revisions: dict[str, str]) -> "ServingPlan":
+        """The same plan, each role's objects named for its role revision in `revisions`
+        (a role it does not name keeps its own)."""
+        return dataclasses.replace(self, **{
+            r.role: dataclasses.replace(r, revision=revisions.get(r.role, r.revision))
+            for r in self.roles})
 
     @property
     def pool_target_ports(self) -> tuple[int, ...]:

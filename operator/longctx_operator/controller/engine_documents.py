@@ -68,7 +68,7 @@ def rollout_cause(rerendered_roles: list[str], applied: bool, cr: dict[str, Any]
     same_spec = previous.get("observedGeneration") == generation
     if rerendered_roles or (replaced_roles and same_spec):
         roles = sorted(set(rerendered_roles) | set(replaced_roles))
-        how = ("a revision with their new pods comes up beside the serving one"
+        how = ("their new pods come up beside the serving ones"
                if replaced_roles else "each role rolls in place, one pod at a time")
         return {"cause": "operator", "roles": roles, "generation": generation,
                 "message": f"the operator's rendering of {' and '.join(roles)} changed "

@@ -32,7 +32,11 @@ from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
 from longctx_operator.controller.rendering import rendered
-from longctx_operator.controller.replacement import Replacement, cordoned, plan_for_revision
+from longctx_operator.controller.replacement import (Replacement, RoleSwap, cordoned,
+                                                     plan_for_revision, role_swap, swap_step)
+from longctx_operator.controller.rollout import role_revision_of
+from longctx_operator.controller.rollout_cost import (RolloutCost, prefix_tokens_per_pod,
+                                                      rollout_cost)
 from longctx_operator.controller.engine_documents import check_in_place_pair, check_pair, rerendered, rollout_cause
 from longctx_operator.controller.cluster import Cluster, KubeError
 from longctx_operator.controller.status import Observed, Refusal, compute_status, merge_patch, status_changed
@@ -128,12 +132,17 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     step: rollout.Step | None = None
     serving: str | None = None
     replaced: Replacement | None = None
+    swap: RoleSwap | None = None
     drained_nodes: set[str] = set()
     if refusal is None and plan is not None:
         serving = _serving_revision(kube, cr, router, previous)
         drained_nodes = cordoned(kube.nodes())
-        plan, replaced = plan_for_revision(cr, plan, router, revisions.get(serving or ""),
-                                           drained_nodes)
+        plan, replaced = plan_for_revision(cr, plan, router, revisions.get(plan.revision),
+                                           serving in (None, plan.revision), drained_nodes)
+        cost = rollout_cost(cr, plan, router, revisions.get(serving or ""), replaced,
+                            prefix_tokens_per_pod(previous.get("plan") or plan_json))
+        if plan.revision in revisions:
+            revisions[plan.revision] = revisions[plan.revision].focused(plan.role_revisions)
         try:
             check_in_place_pair(kube, cr, plan)
         except RecipeError as exc:
@@ -147,9 +156,14 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
                             revisions=revisions, previous=previous.get("rollout") or {},
                             policy=policy, now=_utcnow(), load=load,
                             capacity_shortage=lambda: _gpu_shortage(kube, plan, revisions),
-                            why=replaced.describe(serving or "") if replaced else None)
+                            cost=cost)
+        if step.serving == plan.revision:
+            swap = role_swap(plan, revisions.get(plan.revision))
+        if swap is not None:
+            step = _swap(kube, cr, plan, router, step, swap, policy, previous, idle, replaced,
+                         revisions, cost)
         _apply_children(kube, cr, plan, router, step, policy, revisions, outcome, previous,
-                        idle, drained_nodes)
+                        idle, drained_nodes, swap)
         outcome.events += step.events
         outcome.rollout_phase = step.phase
         if step.wake_after is not None:
@@ -157,7 +171,13 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
         revisions = _revisions(kube, name, namespace)
 
     serving_rev = step.serving if step is not None else previous.get("revision")
-    observed = _observe(kube, cr, router, revisions.get(serving_rev or ""))
+    # Within the plan's revision, each role's own role revision (another revision has one).
+    focus = dict(plan.role_revisions) if plan is not None and serving_rev == plan.revision \
+        else {}
+    if swap is not None and step is not None and not step.leave_pool and swap.leaving:
+        # Until the swap's switch, the old role revision serves.
+        focus.update({r: role_revision_of(s) for r, s in swap.old.statefulsets.items()})
+    observed = _observe(kube, cr, router, revisions.get(serving_rev or ""), focus)
     if spec is None:
         desired_replicas = dict.fromkeys(contract.ROLES, 0)
     elif refusal:  # report the replicas that are actually running, not the refused spec's
@@ -202,6 +222,20 @@ def _data_path(cr: dict[str, Any], plan: ServingPlan | None,
     if clears_in is not None:
         outcome.wake_within(clears_in)
     return condition
+
+
+def _swap(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router: Router,
+          step: rollout.Step, swap: RoleSwap, policy: rollout.Policy,
+          previous: dict[str, Any], idle: dict[str, float], replaced: Replacement | None,
+          revisions: dict[str, rollout.Revision], cost: RolloutCost) -> rollout.Step:
+    """The revision serves and a role's pods are replaced within it (replacement.py)."""
+    leaving = [p["metadata"]["name"] for p in swap.old.pods if p not in swap.leaving]
+    switched = bool(leaving) and router.leave_out(
+        kube, cr, router.objects(cr, plan, plan.revision), leaving)
+    return swap_step(swap, step, policy, previous.get("rollout") or {}, _utcnow(),
+                     rollout.DrainLoad(idle, router_switched=switched),
+                     lambda: _gpu_shortage(kube, plan, revisions), replaced, cost,
+                     cr["metadata"]["name"])
 
 
 def _utcnow() -> datetime.datetime:
@@ -290,7 +324,7 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router
                     step: rollout.Step, policy: rollout.Policy,
                     revisions: dict[str, rollout.Revision], outcome: Outcome,
                     previous: dict[str, Any], idle: dict[str, float],
-                    drained_nodes: set[str]) -> None:
+                    drained_nodes: set[str], swap: RoleSwap | None) -> None:
     meta = cr["metadata"]
     with_monitor = plan.spec.monitoring.podMonitor and kube.crd_exists(POD_MONITOR_CRD)
     desired = desired_objects(
@@ -304,6 +338,14 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router
     outcome.events += events
     if wake is not None:
         outcome.wake_within(wake)
+    if swap is not None:
+        now = _utcnow()
+        for pod in step.leave_pool:
+            kube.patch_metadata("v1", "Pod", meta["namespace"], pod,
+                                rollout.draining_marks(now, True))
+        leaving = [p["metadata"]["name"] for p in swap.old.pods]
+        if step.leave_pool or len(leaving) > len(swap.leaving):
+            router.leave_out(kube, cr, desired, leaving)
     moved = router.move_off(kube, cr, desired, drained_nodes)
     if moved:
         events.append(("Normal", "RouterMoving", f"the router leaves drained node "
@@ -351,7 +393,9 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router
                               contract.selector_labels(meta["name"])):
             owners = live["metadata"].get("ownerReferences", [])
             revision = live["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
-            if (kind.kind, live["metadata"]["name"]) in wanted or revision in kept or not any(
+            retired = live["metadata"]["name"] in step.retire
+            if (kind.kind, live["metadata"]["name"]) in wanted or (
+                    revision in kept and not retired) or not any(
                     o.get("uid") == meta["uid"] for o in owners):
                 continue
             kube.delete(kind.api_version, kind.kind, meta["namespace"], live["metadata"]["name"])
@@ -363,10 +407,14 @@ def _apply_children(kube: Cluster, cr: dict[str, Any], plan: ServingPlan, router
 
 
 def _observe(kube: Cluster, cr: dict[str, Any], router: Router | None,
-             serving: rollout.Revision | None) -> Observed:
-    """The serving revision's StatefulSets and pods, and the router's readiness."""
+             serving: rollout.Revision | None, focus: dict[str, str | None]) -> Observed:
+    """The serving revision's StatefulSets and pods (of each role's serving role revision,
+    `focus`), and the router's readiness."""
+    if serving is not None and focus:
+        serving = serving.focused(focus)
     return Observed(statefulsets=dict(serving.statefulsets) if serving else {},
-                    pods=list(serving.pods) if serving else [],
+                    pods=[p for r in contract.ROLES for p in serving.role_pods(r)]
+                    if serving else [],
                     router=router.status(kube, cr) if router is not None else None)
 
 

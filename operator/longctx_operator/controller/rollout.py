@@ -1,10 +1,12 @@
 """Revisioned rollouts, as a pure state machine over what the cluster shows.
 
-A revision is the NIXL pairing key of a spec (revision.pairing_key): its StatefulSets carry
-it in their names and labels, and the InferencePool selects exactly one revision, the
-serving one. `step` looks at the desired revision, the serving one, the revisions that
-exist and the last `status.rollout`, and says what this reconcile must do. Everything it
-needs is re-read each time, so an operator killed at any point resumes where it was.
+A revision is the NIXL pairing key of a spec (revision.pairing_key): its pods carry it in
+their labels, and the router selects exactly one revision, the serving one. `step` looks at
+the desired revision, the serving one, the revisions that exist and the last
+`status.rollout`, and says what this reconcile must do. Everything it needs is re-read each
+time, so an operator killed at any point resumes where it was. The same machine swaps one
+role's pods within the serving revision, its "revisions" then being that role's role
+revisions (replacement.swap_step).
 
     Steady ──spec changes the pairing key──▶ Progressing ──new revision Ready──▶ Draining
       ▲         (Surge)                       │  │                                │
@@ -25,11 +27,19 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from longctx_core import contract
 
 from longctx_operator.controller.pods import crash_message, unschedulable_message
+
+
+class Cost(Protocol):
+    """What a change does, said when it starts (rollout_cost.RolloutCost)."""
+
+    def describe(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 # A pod is drained once idle at two looks this far apart: longer than a request's hop
 # from its prefill leg to its decode leg, when both engines report nothing running.
@@ -53,31 +63,76 @@ def _parse(text: Optional[str]) -> Optional[datetime.datetime]:
         tzinfo=datetime.timezone.utc)
 
 
+def role_revision_of(obj: dict[str, Any]) -> Optional[str]:
+    """The role revision a StatefulSet or pod belongs to (contract.ROLE_REVISION_LABEL)."""
+    return (obj["metadata"].get("labels") or {}).get(contract.ROLE_REVISION_LABEL)
+
+
+def _created(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"].get("creationTimestamp") or "", obj["metadata"]["name"]
+
+
 @dataclass(frozen=True)
 class Revision:
-    """One revision's StatefulSets (by role) and pods, as the API reports them."""
+    """One revision's StatefulSets and pods, as the API reports them. A role may have more
+    than one StatefulSet (role revisions, while one replaces another); `statefulsets` holds
+    the one looked at for each role (the newest, or the one `focused` names)."""
 
     name: str
     statefulsets: dict[str, dict[str, Any]]
     pods: list[dict[str, Any]]
+    sets: tuple[dict[str, Any], ...] = ()   # every StatefulSet, oldest first
 
     def ready(self, role: str) -> int:
         sts = self.statefulsets.get(role) or {}
         return (sts.get("status") or {}).get("readyReplicas", 0)
 
+    def role_sets(self, role: str) -> list[dict[str, Any]]:
+        """The role's StatefulSets, oldest first."""
+        return [s for s in self.sets
+                if s["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
+
+    def set_pods(self, sts: dict[str, Any]) -> list[dict[str, Any]]:
+        prefix = sts["metadata"]["name"] + "-"
+        return [p for p in self.pods if p["metadata"]["name"].startswith(prefix)
+                and p["metadata"]["name"][len(prefix):].isdigit()]
+
     def role_pods(self, role: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods
-                if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
+        """The pods of the role's StatefulSet looked at."""
+        sts = self.statefulsets.get(role)
+        if sts is not None:
+            return self.set_pods(sts)
+        return [] if self.role_sets(role) else [
+            p for p in self.pods
+            if p["metadata"].get("labels", {}).get(contract.COMPONENT_LABEL) == role]
+
+    def focused(self, role_revisions: Mapping[str, str]) -> "Revision":
+        """The same revision, looking at the StatefulSet of each role's `role_revisions`
+        (a role whose named StatefulSet does not exist yet has none)."""
+        chosen = {}
+        for role in contract.ROLES:
+            named = [s for s in self.role_sets(role)
+                     if role_revision_of(s) == role_revisions.get(role)]
+            if named:
+                chosen[role] = named[0]
+            elif role not in role_revisions and role in self.statefulsets:
+                chosen[role] = self.statefulsets[role]
+        return Revision(self.name, chosen, self.pods, self.sets)
 
 
 def group_revisions(statefulsets: list[dict[str, Any]], pods: list[dict[str, Any]]
                     ) -> dict[str, Revision]:
-    out: dict[str, Revision] = {}
-    for sts in statefulsets:
+    """The revisions (pairing keys) that exist, each looking at its newest StatefulSet of
+    each role."""
+    sets: dict[str, list[dict[str, Any]]] = {}
+    for sts in sorted(statefulsets, key=_created):
         labels = sts["metadata"].get("labels", {})
         rev, role = labels.get(contract.PAIRING_LABEL), labels.get(contract.COMPONENT_LABEL)
         if rev and role in contract.ROLES:
-            out.setdefault(rev, Revision(rev, {}, [])).statefulsets[role] = sts
+            sets.setdefault(rev, []).append(sts)
+    out = {rev: Revision(rev, {s["metadata"]["labels"][contract.COMPONENT_LABEL]: s
+                               for s in found}, [], tuple(found))
+           for rev, found in sets.items()}
     for pod in pods:
         rev = pod["metadata"].get("labels", {}).get(contract.PAIRING_LABEL)
         if rev:
@@ -97,6 +152,10 @@ class Step:
     blocked: Optional[str] = None      # RolloutBlocked condition message
     failed: Optional[str] = None       # Degraded RolloutFailed message
     wake_after: Optional[float] = None  # seconds until a deadline passes with no event
+    # A role swap within the revision (replacement.py): the old role revisions' objects to
+    # remove, and their pods to take out of the pool.
+    retire: set[str] = field(default_factory=set)
+    leave_pool: list[str] = field(default_factory=list)
 
     @property
     def phase(self) -> str:
@@ -125,14 +184,17 @@ class Policy:
     drain_seconds: float
     ready_timeout_seconds: float
     downtime: str                      # what Recreate costs, in words
+    # What is rolled, in words: a revision (both roles), or one role's pods within it.
+    scope: str = "revision"
 
 
 def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision],
          previous: dict[str, Any], policy: Policy, now: datetime.datetime,
          capacity_shortage: Callable[[], Optional[str]], load: DrainLoad = DrainLoad(),
-         why: Optional[str] = None) -> Step:
+         why: Optional[str] = None, cost: Optional[Cost] = None) -> Step:
     """The rollout step (see the module docstring); `load`: the draining pods' requests;
-    `why`: what makes `desired` a replacement of the serving revision (replacement.py)."""
+    `why`: what makes `desired` a replacement of the serving one (replacement.py); `cost`:
+    what the change does, said when it starts (rollout_cost.py)."""
     previous = previous or {}
     if serving is None or serving not in revisions:
         # Nothing serves (a new CR, or its serving revision is gone): the desired one does.
@@ -140,18 +202,28 @@ def step(*, desired: str, serving: Optional[str], revisions: dict[str, Revision]
     if serving == desired:
         return _settle(desired, revisions, previous, policy, now, load)
     if policy.strategy == "Recreate":
-        return _recreate(desired, serving, revisions, previous, policy, now)
-    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage, why)
+        return _recreate(desired, serving, revisions, previous, policy, now, cost)
+    return _surge(desired, serving, revisions, previous, policy, now, capacity_shortage, why,
+                  cost)
 
 
 def _base(previous: dict[str, Any], desired: str, serving: str, policy: Policy,
-          now: datetime.datetime) -> dict[str, Any]:
+          now: datetime.datetime, cost: Optional[Cost]) -> dict[str, Any]:
     same = previous.get("to") == desired
-    return {"strategy": policy.strategy, "from": previous.get("from") if same else serving,
-            "to": desired, "serving": serving,
-            "startTime": previous.get("startTime") if same and previous.get("startTime")
-            else _now_text(now),
-            "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
+    status = {"strategy": policy.strategy, "from": previous.get("from") if same else serving,
+              "to": desired, "serving": serving,
+              "startTime": previous.get("startTime") if same and previous.get("startTime")
+              else _now_text(now),
+              "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
+    # What the change costs, as said when it started.
+    said = previous.get("cost") if same else cost.to_json() if cost is not None else None
+    if said:
+        status["cost"] = said
+    return status
+
+
+def _started(text: str, cost: Optional[Cost]) -> str:
+    return f"{text}; {cost.describe()}" if cost is not None else text
 
 
 def _with_phase(status: dict[str, Any], previous: dict[str, Any], phase: str,
@@ -176,6 +248,7 @@ def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, An
               "from": previous.get("from") if rolled else None,
               "startTime": previous.get("startTime") if rolled else None,
               "switchTime": previous.get("switchTime") if rolled else None,
+              "cost": previous.get("cost") if rolled else None,
               "lastTransitionTime": previous.get("lastTransitionTime") or _now_text(now)}
     status = {k: v for k, v in status.items() if v is not None}
     result = Step(serving=desired, apply_desired=True, status=status)
@@ -204,7 +277,7 @@ def _settle(desired: str, revisions: dict[str, Revision], previous: dict[str, An
                    if idle and elapsed < policy.drain_seconds
                    else f"for {policy.drain_seconds:.0f} s")
             result.events.append(("Normal", "RolloutDrained",
-                                  f"revision {', '.join(draining)} drained {how} and removed; "
+                                  f"{policy.scope} {', '.join(draining)} drained {how} and removed; "
                                   f"{desired} serves"))
             _with_phase(status, previous, STEADY, now)
         else:
@@ -230,32 +303,33 @@ def _ready(revision: Optional[Revision], policy: Policy) -> bool:
 
 
 def _recreate(desired: str, serving: str, revisions: dict[str, Revision],
-              previous: dict[str, Any], policy: Policy, now: datetime.datetime) -> Step:
-    status = _with_phase(_base(previous, desired, serving, policy, now), previous, RECREATING,
-                         now)
+              previous: dict[str, Any], policy: Policy, now: datetime.datetime,
+              cost: Optional[Cost]) -> Step:
+    status = _with_phase(_base(previous, desired, serving, policy, now, cost), previous,
+                         RECREATING, now)
     status["serving"] = desired
     status["expectedDowntime"] = policy.downtime
     old = [r for r in revisions if r != desired]
     result = Step(serving=desired, apply_desired=False, delete=old, status=status)
-    result.events.append(("Warning", "RolloutStarted",
-                          f"Recreate: revision {serving} stops now and {desired} starts when "
-                          f"its pods are gone; no request is served until then "
-                          f"({policy.downtime})"))
+    result.events.append(("Warning", "RolloutStarted", _started(
+        f"Recreate: {policy.scope} {serving} stops now and {desired} starts when its pods "
+        f"are gone; no request is served until then ({policy.downtime})", cost)))
     return result
 
 
 def _surge(desired: str, serving: str, revisions: dict[str, Revision],
            previous: dict[str, Any], policy: Policy, now: datetime.datetime,
-           capacity_shortage: Callable[[], Optional[str]], why: Optional[str]) -> Step:
-    status = _base(previous, desired, serving, policy, now)
+           capacity_shortage: Callable[[], Optional[str]], why: Optional[str],
+           cost: Optional[Cost]) -> Step:
+    status = _base(previous, desired, serving, policy, now, cost)
     result = Step(serving=serving, apply_desired=True, status=status)
     result.delete = [r for r in revisions if r not in (serving, desired)]
     if why:
         status["reason"] = why
     if previous.get("to") != desired:
-        result.events.append(("Normal", "RolloutStarted", f"Surge: {why}" if why else
-                              f"Surge: revision {desired} comes up beside {serving}, which "
-                              "serves until the new one is Ready"))
+        result.events.append(("Normal", "RolloutStarted", _started(
+            f"Surge: {why}" if why else f"Surge: {policy.scope} {desired} comes up beside "
+            f"{serving}, which serves until the new one is Ready", cost)))
     new = revisions.get(desired)
     status["readyReplicas"] = _counts(revisions, serving, desired)
     if _ready(new, policy):
@@ -264,7 +338,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
         status["drainUntil"] = _now_text(now + datetime.timedelta(seconds=policy.drain_seconds))
         _with_phase(status, previous, DRAINING, now)
         result.events.append(("Normal", "RolloutSwitched",
-                              f"the router now sends every request to revision {desired}; "
+                              f"the router now sends every request to {policy.scope} {desired}; "
                               f"{serving} drains for {policy.drain_seconds:.0f} s"))
         result.wake_after = min(policy.drain_seconds + 1, IDLE_CONFIRM_SECONDS)
         return result
@@ -272,7 +346,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
     crash = crash_message(pods)
     started = _parse(status["startTime"]) or now
     if crash or (now - started).total_seconds() > policy.ready_timeout_seconds:
-        result.failed = (f"revision {desired} failed, {serving} keeps serving: " + (
+        result.failed = (f"{policy.scope} {desired} failed, {serving} keeps serving: " + (
             crash or f"not Ready within engine.engineReadyTimeoutSeconds "
                      f"({policy.ready_timeout_seconds:.0f} s)")
             + "; fix the spec, or revert it to return to the serving revision")
@@ -283,7 +357,7 @@ def _surge(desired: str, serving: str, revisions: dict[str, Revision],
     if unschedulable_message(pods):
         result.blocked = (f"{why}; " if why else "") + (
             capacity_shortage() or unschedulable_message(pods) or "") + (
-            f"; revision {serving} keeps serving, nothing is stopped. Add nodes, or set "
+            f"; {policy.scope} {serving} keeps serving, nothing is stopped. Add nodes, or set "
             "spec.rollout.strategy to Recreate to replace the serving revision in place (no "
             "serving during the load)")
         if previous.get("phase") != BLOCKED or previous.get("to") != desired:

@@ -186,8 +186,11 @@ class VllmRouter(Router):
         deployment = next(o for o in desired if o["kind"] == "Deployment"
                           and o["metadata"]["name"] == name)
         vllm_router.roll_for_draining(deployment, pods)
-        return vllm_router.rolled_out(deployment, kube.get(
-            "apps/v1", "Deployment", cr["metadata"]["namespace"], name))
+        if not vllm_router.rolled_out(deployment, kube.get(
+                "apps/v1", "Deployment", cr["metadata"]["namespace"], name)):
+            return False
+        # A router pod still shutting down serves whoever holds its address.
+        return all(set(pods) <= vllm_router.draining_pods(p) for p in self._pods(kube, cr))
 
     def move_off(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                  cordoned: set[str]) -> list[str]:

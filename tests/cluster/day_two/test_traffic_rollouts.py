@@ -10,7 +10,9 @@ and seconds):
 2. an engine image upgrade: a new NIXL pairing key, so a Surge: a new pair starts beside
    the old one, the router switches, the old pair drains;
 3. a decode-only and 4. a prefill-only in-place edit with one pod per role: the role's only
-   pod is replaced beside the serving revision, never restarted in place;
+   pod is replaced beside the serving one, never restarted in place, and the other role
+   keeps its pod (after the decode-only edit, a session begun before it still hits
+   prefill's prefix cache);
 5. a router edit (its image): the router's Deployment surges its one pod;
 6. a node drain (`kubectl drain` of the decode pod's node, evictions through the
    PodDisruptionBudgets): the single pods and the router move to the other node first;
@@ -31,7 +33,9 @@ import pytest
 from longctx_core import contract
 from longctx_core.plan import faults, roles
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
+from tests.cluster.day_two.test_prefix_reuse import via_router
 from tests.cluster.real_engines import ENGINE_IMAGE_NEXT, ROUTER_IMAGE_NEXT, chat, words
+from tests.cluster.sessions import Session, block_tokens, prefix_counters
 from tests.cluster.traffic import PodCounters, RouterEndpoint, Traffic
 from tests.conftest import wait_for
 
@@ -58,10 +62,12 @@ CASES = [
      f"{NOTHING_LOST}, each answer from one revision's pair"),
     ("decode-only edit, one pod per role, under traffic",
      "test_single_pod_edit_under_traffic[decode-edit0]",
-     f"{NOTHING_LOST}: the decode pod is replaced beside, never restarted in place"),
+     f"{NOTHING_LOST}: only the decode pod is replaced, beside, never restarted in place; "
+     "the prefill pod stays and a session begun before the edit hits its prefix cache"),
     ("prefill-only edit, one pod per role, under traffic",
      "test_single_pod_edit_under_traffic[prefill-edit1]",
-     f"{NOTHING_LOST}: the prefill pod is replaced beside, never restarted in place"),
+     f"{NOTHING_LOST}: only the prefill pod is replaced, beside, never restarted in place; "
+     "the decode pod stays"),
     ("router edit (its image) under traffic", "test_router_edit_under_traffic", NOTHING_LOST),
     ("node drain (kubectl drain) under traffic", "test_node_drain_under_traffic",
      f"{NOTHING_LOST}: the single pods and the router move first"),
@@ -154,6 +160,22 @@ def settled_on_new(deployment, old: str) -> Callable[[], bool]:
     return check
 
 
+def settled_without(deployment, gone: set[str]) -> Callable[[], bool]:
+    """Nothing rolling, one pairing key, every pod Ready, and none of the pods `gone`
+    (by uid) left."""
+    def check() -> bool:
+        s = deployment.status()
+        pods = deployment.pods()
+        return (s.get("rollout") or {}).get("phase") == "Steady" and \
+            {revision(p) for p in pods} == {s.get("revision")} and all(map(is_ready, pods)) \
+            and not gone & uids(pods) and len(pods) == len(contract.ROLES)
+    return check
+
+
+def uids(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods}
+
+
 def started(summary: dict[str, Any]) -> str:
     (message,) = [e for e in summary["events"] if e.startswith("RolloutStarted")]
     return message
@@ -191,19 +213,48 @@ def test_engine_image_upgrade_under_traffic(deployment):
     assert drained and "held no request" in drained[-1], summary["events"]
 
 
-@pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT),
-                                       ("prefill", PREFILL_EDIT)])
+@pytest.mark.parametrize("role,edit", [("decode", DECODE_EDIT), ("prefill", PREFILL_EDIT)])
 def test_single_pod_edit_under_traffic(deployment, role, edit):
-    old = deployment.status()["revision"]
-    before = {p["metadata"]["uid"] for p in deployment.pods()}
+    """Only the edited role's pod is replaced (one new engine starts); the other role's pod
+    serves on throughout, and prefill's prefix cache with it."""
+    (other,) = set(contract.ROLES) - {role}
+    deployment.settle()
+    key = deployment.status()["revision"]
+    before = {r: uids(deployment.pods(r)) for r in contract.ROLES}
+    assert all(len(b) == 1 for b in before.values()), before
+    session = Session(seed=4000)
+    session.ask(1)
+    first = via_router(deployment.router(), session.body(deployment.model))
     summary, counters = under_traffic(
         deployment, f"{role}-only edit, one pod per role (replaced beside)",
-        lambda: deployment.apply(edit), settled_on_new(deployment, old), max_requests=1000)
+        lambda: deployment.apply(edit), settled_without(deployment, before[role]),
+        max_requests=1000)
     assert_none_lost(summary)
     assert_one_revision_per_answer(counters)
+    started(summary)   # one rollout started; its whole message (the record cuts it):
+    message = [e for e in deployment.events() if e.startswith("RolloutStarted")][-1]
     assert f"{role} has one pod (spec.{role}.replicas = 1) and its pod template changes" in \
-        started(summary), summary["events"]
-    assert not before & {p["metadata"]["uid"] for p in deployment.pods()}
+        message and f"{other} keeps its pods" in message, message
+    assert uids(deployment.pods(other)) == before[other]
+    assert deployment.status()["revision"] == key
+    # One engine started: the edited role's; the other's pod never restarted.
+    assert set(counters.last) - before[role] - before[other] == uids(deployment.pods(role))
+    if role == "decode":
+        # The session's next turn finds its first turn's prefix on the prefill pod.
+        (prefill,) = deployment.urls("prefill").values()
+        block = block_tokens(prefill)
+        queries, hits = prefix_counters(prefill)
+        session.messages.append({"role": "assistant",
+                                 "content": first["choices"][0]["message"]["content"]})
+        session.ask(2)
+        via_router(deployment.router(), session.body(deployment.model))
+        after = prefix_counters(prefill)
+        cached = first["usage"]["prompt_tokens"] // block * block
+        FIGURES.record(f"{role}-only edit, one pod per role (replaced beside)", {
+            "next_turn": {"queries": after[0] - queries, "hits": after[1] - hits,
+                          "first_turn_prompt_tokens": first["usage"]["prompt_tokens"]}})
+        # vLLM caches whole blocks: the first turn's are all hits.
+        assert after[1] - hits >= cached > 0, (after, (queries, hits), cached)
 
 
 def test_router_edit_under_traffic(deployment):
@@ -220,7 +271,6 @@ def test_router_edit_under_traffic(deployment):
 
 
 def test_node_drain_under_traffic(deployment):
-    old = deployment.status()["revision"]
     (decode,) = deployment.pods("decode")
     node = decode["spec"]["nodeName"]
     cp = deployment.real.cp
@@ -235,8 +285,10 @@ def test_node_drain_under_traffic(deployment):
              "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={PHASE_TIMEOUT}s"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
+    on_node = uids([p for p in deployment.pods() if p["spec"]["nodeName"] == node])
+
     def drained() -> bool:
-        return drain[0].poll() is not None and settled_on_new(deployment, old)()
+        return drain[0].poll() is not None and settled_without(deployment, on_node)()
     try:
         summary, counters = under_traffic(deployment, f"node drain (kubectl drain {node})",
                                           drain_node, drained, max_requests=1000)
@@ -270,9 +322,9 @@ def operator_upgrade() -> Any:
 
 
 def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
-    """Both single-pod roles are replaced beside the serving revision, and the status names
+    """Both single-pod roles are replaced beside the serving ones, and the status names
     the operator as the cause."""
-    old = deployment.status()["revision"]
+    old = uids(deployment.pods())
 
     def upgrade() -> None:
         operator_upgrade()
@@ -281,7 +333,7 @@ def test_operator_upgrade_under_traffic(deployment, operator_upgrade):
                                    deployment.namespace, "longctx.dev/test-nudge=upgrade",
                                    "--overwrite")
     summary, counters = under_traffic(deployment, "operator upgrade that renders differently",
-                                      upgrade, settled_on_new(deployment, old),
+                                      upgrade, settled_without(deployment, old),
                                       max_requests=1000)
     assert_none_lost(summary)
     assert_one_revision_per_answer(counters)

@@ -24,10 +24,10 @@ CPU_PER_GPU = 12
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
-def _meta(cr: dict[str, Any], name: str, component: str,
-          revision: str | None = None) -> dict[str, Any]:
+def _meta(cr: dict[str, Any], name: str, component: str, pairing: str | None = None,
+          role_revision: str | None = None) -> dict[str, Any]:
     return {"name": name, "namespace": cr["metadata"]["namespace"],
-            "labels": contract.labels(cr["metadata"]["name"], component, revision),
+            "labels": contract.labels(cr["metadata"]["name"], component, pairing, role_revision),
             "ownerReferences": [contract.owner_reference(cr)]}
 
 
@@ -37,12 +37,15 @@ def launch_documents(cr: dict[str, Any], plan: ServingPlan) -> dict[str, str]:
             for role in plan.roles}
 
 
-def engine_configmap(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
+def engine_configmaps(cr: dict[str, Any], plan: ServingPlan) -> list[dict[str, Any]]:
+    """One ConfigMap per role revision of the plan, each with every role's launch document
+    (a role's pods mount their own role revision's)."""
     meta = cr["metadata"]
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(cr, contract.engine_configmap(meta["name"], plan.revision),
-                              contract.ENGINE_CONFIG_COMPONENT, plan.revision),
-            "data": launch_documents(cr, plan)}
+    return [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": _meta(cr, contract.engine_configmap(meta["name"], revision),
+                               contract.ENGINE_CONFIG_COMPONENT, plan.pairing_key, revision),
+             "data": launch_documents(cr, plan)}
+            for revision in dict.fromkeys(plan.role_revisions.values())]
 
 
 def headless_service(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
@@ -73,10 +76,10 @@ def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(cr, contract.pdb(name, role.role, role.revision), role.role,
-                          role.revision),
+                          role.pairing_key, role.revision),
         "spec": {"maxUnavailable": max_unavailable(role),
-                 "selector": {"matchLabels": contract.selector_labels(name, role.role,
-                                                                      role.revision)},
+                 "selector": {"matchLabels": contract.selector_labels(
+                     name, role.role, role.pairing_key, role.revision)},
                  # A crash-looping engine must not block a node drain.
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
@@ -254,14 +257,13 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
         pod_spec["priorityClassName"] = spec.placement.priorityClassName
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
     router.engine_pod(role, annotations, pod_spec)
-    template = {"metadata": {"labels": contract.labels(cr_name, role.role, role.revision),
+    template = {"metadata": {"labels": contract.labels(cr_name, role.role, role.pairing_key,
+                                                      role.revision),
                              "annotations": annotations},
                 "spec": pod_spec}
     metadata = _meta(cr, contract.statefulset(cr_name, role.role, role.revision), role.role,
-                     role.revision)
+                     role.pairing_key, role.revision)
     metadata["annotations"] = {contract.TEMPLATE_DIGEST_ANNOTATION: template_digest(template)}
-    if role.revision != role.pairing_key:
-        metadata["annotations"][contract.PAIRING_KEY_ANNOTATION] = role.pairing_key
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata,
@@ -271,8 +273,8 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
             "podManagementPolicy": "Parallel",
             # In place (same revision): one pod at a time, within the PDB.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "selector": {"matchLabels": contract.selector_labels(cr_name, role.role,
-                                                                 role.revision)},
+            "selector": {"matchLabels": contract.selector_labels(
+                cr_name, role.role, role.pairing_key, role.revision)},
             "template": template,
         },
     }
@@ -281,8 +283,8 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
 def revision_objects(cr: dict[str, Any], plan: ServingPlan, router: Router
                      ) -> list[dict[str, Any]]:
     """The objects of the plan's revision: its config, then each role's pods (with what
-    `router` needs on them) and PDB."""
-    objects = [engine_configmap(cr, plan)]
+    `router` needs on them) and PDB, named for the role's own role revision."""
+    objects = engine_configmaps(cr, plan)
     for role in plan.roles:
         objects += [statefulset(cr, role, router), pod_disruption_budget(cr, role)]
     return objects

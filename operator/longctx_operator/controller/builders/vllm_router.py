@@ -205,9 +205,18 @@ def vllm_router_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
 
 
 def roll_for_draining(deployment: dict[str, Any], draining: list[str]) -> None:
-    """Name the pods leaving the pool on a desired router Deployment's pod template."""
-    template = deployment["spec"]["template"]["metadata"]
-    template.setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(sorted(draining))
+    """Name the pods leaving the pool on a desired router Deployment's pod template, with
+    any it already names (a scale-down and a role swap may drain at once)."""
+    template = deployment["spec"]["template"]
+    named = draining_pods(template)
+    template["metadata"].setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(
+        sorted({*named, *draining}))
+
+
+def draining_pods(obj: dict[str, Any]) -> set[str]:
+    """The pods leaving the pool that a router pod (or pod template) never discovers."""
+    annotations = obj["metadata"].get("annotations") or {}
+    return {n for n in annotations.get(DRAINING_PODS_ANNOTATION, "").split(",") if n}
 
 
 def roll_off_nodes(deployment: dict[str, Any], nodes: list[str]) -> None:
