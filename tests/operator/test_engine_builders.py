@@ -178,3 +178,29 @@ def test_a_topology_key_spreads_prefill_pods_over_the_domains():
     assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "prefill"
     assert "topologySpreadConstraints" not in pod(objects(cr), "decode")
     assert "topologySpreadConstraints" not in pod(objects(), "prefill")
+
+
+def test_the_keys_own_statefulsets_keep_the_selector_and_template_labels_they_had():
+    """A StatefulSet's selector cannot change: the key's own role revision selects and labels
+    its pods exactly as before role revisions existed, so an operator upgrade applies to
+    running StatefulSets (and rolls no pod for a label). Only a replacement's StatefulSet
+    names its role revision, which its pods carry."""
+    import dataclasses
+
+    from longctx_core import contract
+    from longctx_operator.controller.builders.engine import statefulset
+
+    plan = serving_plan(load_spec(CR["spec"]))
+    for role in plan.roles:
+        sts = statefulset(CR, role, router_for(plan.spec))
+        before = {contract.NAME_LABEL: "longctx", contract.INSTANCE_LABEL: "glm",
+                  contract.COMPONENT_LABEL: role.role, contract.PAIRING_LABEL: plan.revision}
+        assert sts["spec"]["selector"]["matchLabels"] == before
+        assert contract.ROLE_REVISION_LABEL not in sts["spec"]["template"]["metadata"]["labels"]
+        assert sts["metadata"]["labels"][contract.ROLE_REVISION_LABEL] == plan.revision
+        replacement = dataclasses.replace(role, revision="0123456789")
+        sts = statefulset(CR, replacement, router_for(plan.spec))
+        assert sts["spec"]["selector"]["matchLabels"] == {
+            **before, contract.ROLE_REVISION_LABEL: "0123456789"}
+        assert sts["spec"]["template"]["metadata"]["labels"][
+            contract.ROLE_REVISION_LABEL] == "0123456789"

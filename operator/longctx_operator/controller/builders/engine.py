@@ -24,6 +24,15 @@ CPU_PER_GPU = 12
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
+def pod_role_revision(role: RolePlan) -> str | None:
+    """The role revision a role's pod template and selectors name: only a replacement's.
+    Pods of the key's own role revision carry none, so that their StatefulSets keep the
+    selector they were created with (a selector cannot change) across operator upgrades;
+    a replacement's StatefulSet never adopts them, since a StatefulSet claims only pods
+    named after it."""
+    return role.revision if role.revision != role.pairing_key else None
+
+
 def _meta(cr: dict[str, Any], name: str, component: str, pairing: str | None = None,
           role_revision: str | None = None) -> dict[str, Any]:
     return {"name": name, "namespace": cr["metadata"]["namespace"],
@@ -79,7 +88,7 @@ def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
                           role.pairing_key, role.revision),
         "spec": {"maxUnavailable": max_unavailable(role),
                  "selector": {"matchLabels": contract.selector_labels(
-                     name, role.role, role.pairing_key, role.revision)},
+                     name, role.role, role.pairing_key, pod_role_revision(role))},
                  # A crash-looping engine must not block a node drain.
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
@@ -258,7 +267,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
     annotations = {contract.ENGINE_CONFIG_ANNOTATION: config_digest(cr, role)}
     router.engine_pod(role, annotations, pod_spec)
     template = {"metadata": {"labels": contract.labels(cr_name, role.role, role.pairing_key,
-                                                      role.revision),
+                                                      pod_role_revision(role)),
                              "annotations": annotations},
                 "spec": pod_spec}
     metadata = _meta(cr, contract.statefulset(cr_name, role.role, role.revision), role.role,
@@ -274,7 +283,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
             # In place (same revision): one pod at a time, within the PDB.
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": contract.selector_labels(
-                cr_name, role.role, role.pairing_key, role.revision)},
+                cr_name, role.role, role.pairing_key, pod_role_revision(role))},
             "template": template,
         },
     }
