@@ -9,7 +9,8 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"longctx_operator": REPO / "operator", "longctx_core": REPO / "core",
+PACKAGES = {"longctx_operator": REPO / "operator", "longctx_endpoint": REPO / "operator",
+            "longctx_core": REPO / "core",
             "longctx_kernels": REPO / "kernels"}
 
 
