@@ -105,6 +105,25 @@ def fault_clients(sources: dict[str, Cases]) -> list[str]:
     return lines
 
 
+def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
+    """Latency straight through vllm-router and through the endpoint, side by side, and what
+    the endpoint adds (benchmarks/endpoint_overhead.py)."""
+    (cases,) = sources.values()
+    lines = [row("run", "path", "TTFT (median)", "time between tokens (median)",
+                 "added by the endpoint", "endpoint CPU per 1,000 tokens"),
+             row("---", "---", "---:", "---:", "---", "---:")]
+    for case, f in cases.items():
+        router, endpoint = f["router"], f["endpoint"]
+        lines.append(row(cell(case), "straight through vllm-router",
+                         f"{router['ttft_ms']:.1f} ms", f"{router['tbt_ms']:.2f} ms", "-", "-"))
+        lines.append(row("", "through the endpoint", f"{endpoint['ttft_ms']:.1f} ms",
+                         f"{endpoint['tbt_ms']:.2f} ms",
+                         f"TTFT {endpoint['ttft_added']:+.1%}, between tokens "
+                         f"{endpoint['tbt_added']:+.1%} (at most {f['max_added']:.0%})",
+                         f"{endpoint['cpu_ms_per_1000_tokens']:.0f} ms"))
+    return lines
+
+
 REAL_ENGINE_LABELS = {"prompt_tokens": "prompt tokens", "completion_tokens": "tokens out",
                       "nixl_bytes": "NIXL bytes", "kv_tokens": "prompt tokens over NIXL",
                       "prefill_leg_s": "prefill leg s", "kv_pull_s": "KV pull s",
@@ -283,6 +302,8 @@ TABLES = {
     "prefix-reuse": Table("data-path.md", ("prefix-reuse",), prefix_reuse, DAY_TWO),
     "disaggregation-threshold": Table("data-path.md", ("disaggregation-threshold",),
                                       disaggregation_threshold, DAY_TWO),
+    "endpoint-overhead": Table("data-path.md", ("endpoint-overhead",), endpoint_overhead,
+                               "`benchmarks/endpoint_overhead.py`"),
     "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
     "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),

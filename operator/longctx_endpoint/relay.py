@@ -223,10 +223,10 @@ class Relay:
                         if resp.status >= 500:
                             return _status_reason(resp.status)
                         return Refused(resp.status, data, resp.content_type)
-                    async for line in resp.content:
-                        if not line.startswith(b"data:"):
+                    while event := await resp.content.readuntil(b"\n\n"):
+                        if not event.startswith(b"data:"):
                             continue
-                        data = line[5:].strip()
+                        data = event[5:].strip()
                         if data == b"[DONE]":
                             break
                         chunk = json.loads(data)
@@ -234,9 +234,9 @@ class Relay:
                         if delta.error is not None:
                             return (metrics.STREAM_BROKEN if got_token
                                     else metrics.FAILED_BEFORE_FIRST_TOKEN)
-                        out = answer.take(upstream_kind, chunk, delta)
+                        out = answer.take(upstream_kind, data, chunk, delta)
                         if out is not None and stream is not None:
-                            await stream.send(sse(out))
+                            await stream.send(out)
                         if delta.token_ids and not got_token:
                             got_token = True
                             scope.reschedule(None)

@@ -83,22 +83,27 @@ class Upstreams:
             else:
                 self._pods[name] = pod
 
-    def _ready(self, component: str) -> list[Pod]:
+    def _pods_of(self, component: str) -> list[Pod]:
         with self._lock:
-            return sorted((p for p in self._pods.values()
-                           if p.component == component and p.ready), key=lambda p: p.name)
+            return sorted((p for p in self._pods.values() if p.component == component),
+                          key=lambda p: p.name)
+
+    def _ready(self, component: str) -> list[Pod]:
+        return [p for p in self._pods_of(component) if p.ready]
 
     def _pick(self, pods: list[Pod]) -> Pod:
         return pods[next(self._turn) % len(pods)]
 
     def target(self) -> Optional[Target]:
         """Where the next attempt goes (None: nowhere yet)."""
-        routers = self._ready(contract.ROUTER_COMPONENT)
+        revisions: Optional[set[str]] = None   # those the router serves; None: any
         if self.router_url:
-            revisions = None
-            router = self.router_url
+            router: Optional[str] = self.router_url
         else:
-            revisions = {p.revision for p in routers}
+            # A router pod that is not Ready (vllm-router is not while it has no decode)
+            # still names the revision it serves.
+            revisions = {p.revision for p in self._pods_of(contract.ROUTER_COMPONENT)} or None
+            routers = self._ready(contract.ROUTER_COMPONENT)
             router = (f"http://{self._pick(routers).ip}:{self.router_port}"
                       if routers else None)
         def serving(role: str) -> list[Pod]:

@@ -44,3 +44,12 @@ def test_pod_of_reads_readiness_and_skips_pods_without_an_ip_or_leaving() -> Non
     assert pod_of(obj) == pod("p", "prefill", "10.0.0.3")
     assert pod_of({**obj, "status": {}}) is None
     assert pod_of({**obj, "metadata": {**obj["metadata"], "deletionTimestamp": "x"}}) is None
+
+
+def test_prefill_only_while_the_router_is_not_ready_either() -> None:
+    """vllm-router is not Ready without a decode; its pod still names the revision."""
+    ups = Upstreams()
+    ups.replace([pod("router", "router", "10.0.0.1", False), pod("d", "decode", "10.0.0.2", False),
+                 pod("p-old", "prefill", "10.0.0.6", revision="r0"),
+                 pod("p", "prefill", "10.0.0.3")])
+    assert ups.target() == Target(PREFILL_ONLY, f"http://10.0.0.3:{contract.SERVING_BASE_PORT}")
