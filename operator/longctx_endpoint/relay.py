@@ -6,9 +6,10 @@ finish reason (`no_finish_reason`), fails before its first token (`failed_before
 vLLM's in-stream error when a prefill engine or its KV transfer was lost), or finds no
 upstream (`upstream_unreachable`). The next attempt continues by token ids
 (openai.continuation_request) after a back-off, through the router, or through a prefill
-engine when no decode is Ready (upstreams.py). An answer is given up when its attempts are
-spent or when giveUpSeconds passed since the break that is still unresolved (a continuation
-that delivers a token resolves it). A streamed answer then ends with an error event and
+engine when no decode is Ready (upstreams.py); while there is no Ready router or engine at
+all it waits, spending no attempt. An answer is given up when its attempts are spent or when
+giveUpSeconds passed since the break that is still unresolved (a continuation that delivers
+a token resolves it). A streamed answer then ends with an error event and
 `[DONE]`; a non-streamed one is a 503 with a JSON error body.
 """
 
@@ -78,6 +79,8 @@ class ClientStream:
 
 
 Outcome = Union[None, str, Refused]   # finished, a break's reason, or a refusal
+# How often an answer with nowhere to go looks again (the pod watch's news).
+TARGET_POLL_SECONDS = 0.25
 
 
 class Breaks:
@@ -97,11 +100,16 @@ class Breaks:
             metrics.PAUSE.observe(time.monotonic() - self.pause_from)
         self.since = self.pause_from = None
 
-    async def next_attempt(self, reason: str) -> Optional[str]:
-        """Waits out the back-off before the next attempt; why to give up instead."""
+    def broke(self) -> float:
+        """Marks a break (unless one is unresolved); the time now."""
         now = time.monotonic()
         self.since = self.since or now
         self.pause_from = self.pause_from or now
+        return now
+
+    async def next_attempt(self, reason: str) -> Optional[str]:
+        """Waits out the back-off before the next attempt; why to give up instead."""
+        now = self.broke()
         if self.attempts >= self.limits.max_attempts:
             return metrics.ATTEMPTS_EXHAUSTED
         delay = self.limits.backoff_seconds * 2 ** self.attempts
@@ -149,11 +157,23 @@ class Relay:
     def __init__(self, session: aiohttp.ClientSession, upstreams: Upstreams, limits: Limits):
         self.session, self.upstreams, self.limits = session, upstreams, limits
 
-    def _target(self, first: bool) -> Optional[Target]:
+    async def _target(self, first: bool, breaks: Breaks) -> Optional[Target]:
+        """Where the next attempt goes. While there is nowhere (no Ready router or engine),
+        it waits, spending no attempt, until the give-up window closes (None)."""
         target = self.upstreams.target()
+        if target is None:
+            breaks.broke()
+            while target is None and time.monotonic() < breaks.deadline():
+                await asyncio.sleep(TARGET_POLL_SECONDS)
+                target = self.upstreams.target()
         if first:
             metrics.REQUESTS.labels(target.route if target else PD).inc()
         return target
+
+    async def _no_target(self, stream: Optional[ClientStream], breaks: Breaks
+                         ) -> web.StreamResponse:
+        return await self._give_up(stream, metrics.TIME_EXHAUSTED, _give_up_message(
+            metrics.TIME_EXHAUSTED, metrics.UPSTREAM_UNREACHABLE, breaks))
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         try:
@@ -180,14 +200,13 @@ class Relay:
         breaks = Breaks(self.limits)
         first = True
         while True:
-            target = self._target(first)
+            target = await self._target(first, breaks)
             if target is None:
-                outcome: Outcome = metrics.UPSTREAM_UNREACHABLE
-            else:
-                upstream = answer.next_request()
-                path = PATHS[kind] if answer.prompt_token_ids is None else PATHS[COMPLETION]
-                outcome = await self._attempt(target.url + path, upstream,
-                                              _upstream_kind(path), answer, stream, breaks)
+                return await self._no_target(stream, breaks)
+            upstream = answer.next_request()
+            path = PATHS[kind] if answer.prompt_token_ids is None else PATHS[COMPLETION]
+            outcome = await self._attempt(target.url + path, upstream, _upstream_kind(path),
+                                          answer, stream, breaks)
             first = False
             if outcome is None or (isinstance(outcome, str) and answer.length_reached()):
                 if answer.finish_reason is None:
@@ -278,15 +297,14 @@ class Relay:
         breaks = Breaks(self.limits)
         first = True
         while True:
-            target = self._target(first)
+            target = await self._target(first, breaks)
             first = False
             if target is None:
-                reason = metrics.UPSTREAM_UNREACHABLE
-            else:
-                result = await self._forward(target.url + PATHS[kind], body, stream)
-                if not isinstance(result, str):
-                    return result
-                reason = result
+                return await self._no_target(stream, breaks)
+            result = await self._forward(target.url + PATHS[kind], body, stream)
+            if not isinstance(result, str):
+                return result
+            reason = result
             if stream is not None and stream.started:
                 return await self._give_up(stream, metrics.NOT_CONTINUABLE, (
                     f"the answer broke ({reason.replace('_', ' ')}) and cannot be continued "

@@ -183,3 +183,29 @@ def test_the_metrics_page_names_every_series() -> None:
                  "longctx_endpoint_continuation_pause_seconds_bucket",
                  "longctx_endpoint_answers_given_up_total"):
         assert name in page
+
+
+def test_with_nowhere_to_send_it_waits_without_spending_attempts_then_gives_up() -> None:
+    async def scenario() -> tuple[int, Any, int, float]:
+        fake = FakeVllm()
+        async with TestServer(fake.app()) as prefill:
+            upstreams = Upstreams(engine_port=prefill.port)   # no pod seen yet
+            limits = Limits(max_attempts=1, give_up_seconds=2, backoff_seconds=0.01)
+            async with TestServer(make_app(upstreams, limits)) as endpoint:
+                async with aiohttp.ClientSession() as client:
+                    async def later() -> None:
+                        await asyncio.sleep(0.5)
+                        upstreams.replace(_pods(("prefill", "127.0.0.1", True)))
+                    appear = asyncio.create_task(later())
+                    async with client.post(endpoint.make_url("/v1/chat/completions"),
+                                           json={**CHAT_BODY, "stream": False}) as resp:
+                        served = resp.status, await resp.json()
+                    await appear
+                    upstreams.replace([])
+                    started = time.monotonic()
+                    async with client.post(endpoint.make_url("/v1/chat/completions"),
+                                           json={**CHAT_BODY, "stream": False}) as resp:
+                        return (*served, resp.status, time.monotonic() - started)
+    status, body, later_status, waited = asyncio.run(scenario())
+    assert status == 200 and body["choices"][0]["message"]["content"] == expected()
+    assert later_status == 503 and 2 <= waited < 3
