@@ -1,6 +1,7 @@
-"""Where the endpoint sends an attempt: through the router (P/D) while a decode pod of the
-serving revision is Ready, else straight to a Ready prefill engine, which generates on its
-own (the seed's one-decode shape while its decode pod restarts).
+"""Where the endpoint sends an attempt: through the router (P/D) while a decode pod and a
+prefill pod of the serving revision are Ready, else straight to a Ready prefill engine,
+which generates on its own (the seed's one-decode shape while its decode pod restarts), and
+nowhere while no prefill pod is Ready (the answer waits for one).
 
 The pods come from a watch of the CR's pods through the Kubernetes API (a thread; the
 Kubernetes client is synchronous): vllm-router's pods, whose pairing label names the
@@ -95,7 +96,8 @@ class Upstreams:
         return pods[next(self._turn) % len(pods)]
 
     def target(self) -> Optional[Target]:
-        """Where the next attempt goes (None: nowhere yet)."""
+        """Where the next attempt goes (None: nowhere yet). Before the pod watch has listed
+        the pods (or without one), the router decides alone."""
         revisions: Optional[set[str]] = None   # those the router serves; None: any
         if self.router_url:
             router: Optional[str] = self.router_url
@@ -106,15 +108,18 @@ class Upstreams:
             routers = self._ready(contract.ROUTER_COMPONENT)
             router = (f"http://{self._pick(routers).ip}:{self.router_port}"
                       if routers else None)
+        if not self.synced.is_set():
+            return Target(PD, router) if router else None
+
         def serving(role: str) -> list[Pod]:
             return [p for p in self._ready(role) if p.serving
                     and (revisions is None or p.revision in revisions)]
         decodes, prefills = serving("decode"), serving("prefill")
-        if router and (decodes or not prefills):
+        if not prefills:      # neither P/D nor prefill alone can serve
+            return None
+        if router and decodes:
             return Target(PD, router)
-        if prefills:
-            return Target(PREFILL_ONLY, f"http://{self._pick(prefills).ip}:{self.engine_port}")
-        return None
+        return Target(PREFILL_ONLY, f"http://{self._pick(prefills).ip}:{self.engine_port}")
 
 
 class PodWatch(threading.Thread):

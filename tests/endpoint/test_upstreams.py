@@ -53,3 +53,10 @@ def test_prefill_only_while_the_router_is_not_ready_either() -> None:
                  pod("p-old", "prefill", "10.0.0.6", revision="r0"),
                  pod("p", "prefill", "10.0.0.3")])
     assert ups.target() == Target(PREFILL_ONLY, f"http://10.0.0.3:{contract.SERVING_BASE_PORT}")
+
+
+def test_nowhere_while_no_prefill_is_ready_once_the_pods_are_listed() -> None:
+    ups = Upstreams()
+    ups.replace([pod("router", "router", "10.0.0.1"), pod("d", "decode", "10.0.0.2"),
+                 pod("p", "prefill", "10.0.0.3", False)])
+    assert ups.target() is None

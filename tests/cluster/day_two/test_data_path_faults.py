@@ -63,7 +63,9 @@ GIVE_UP_SECONDS = 10
 CASES = [
     ("prefill engine SIGKILLed after its prefill leg, before decode read the KV",
      "test_prefill_lost_before_decode_read_its_kv",
-     "the request in flight: an error event within 30 s, no token; the next one served"),
+     "straight through the router, the request in flight: an error event within 30 s, no "
+     "token; the next one served. Through the endpoint: complete, equal to its no-fault "
+     "answer"),
     ("decode engine SIGKILLed mid-answer", "test_decode_lost_mid_answer",
      "straight through the router, the answer in flight cut off within 30 s (no error "
      "event); through the endpoint, every answer complete and equal to its no-fault "
@@ -110,22 +112,23 @@ def in_background(fn: Callable[[], Outcome]) -> tuple[threading.Thread, list[Out
     return thread, out
 
 
-def prefill_leg(deployment, long_request_seed: int) -> tuple[threading.Thread, list[Outcome],
-                                                             dict[str, Any]]:
-    """A long streamed request through the router with decode held: returns once a prefill
-    engine finished its leg, with that prefill pod (decode is still stopped)."""
+def prefill_legs(deployment, requests: list[Callable[[], Outcome]]
+                 ) -> tuple[list[tuple[threading.Thread, list[Outcome]]], list[dict[str, Any]]]:
+    """Long streamed requests with decode held: returns once a prefill engine finished the
+    leg of each, with those prefill pods (decode is still stopped)."""
     prefills = deployment.urls("prefill")
     before = {pod: served(url)[0] for pod, url in prefills.items()}
+    started = [in_background(request) for request in requests]
 
-    thread, out = in_background(lambda: stream_chat(
-        deployment.router(), deployment.model, words(LONG_PROMPT, seed=long_request_seed), 8))
-
-    def leg_done() -> str | None:
-        assert thread.is_alive() or not out, f"the request ended first: {out}"
-        return next((pod for pod, url in prefills.items() if served(url)[0] > before[pod]),
-                    None)
-    name = wait_for(leg_done, 120, "the prefill leg to finish", 0.05)
-    return thread, out, deployment.pod(name)
+    def legs_done() -> list[str] | None:
+        assert all(t.is_alive() or not o for t, o in started), \
+            f"a request ended first: {[o for _, o in started]}"
+        after = {pod: served(url)[0] for pod, url in prefills.items()}
+        if sum(after.values()) - sum(before.values()) < len(requests):
+            return None
+        return [pod for pod in prefills if after[pod] > before[pod]]
+    names = wait_for(legs_done, 120, "the prefill legs to finish", 0.05)
+    return started, [deployment.pod(name) for name in names]
 
 
 def back(deployment, name: str, before: int) -> tuple[list[str], float]:
@@ -150,18 +153,29 @@ def back(deployment, name: str, before: int) -> tuple[list[str], float]:
 
 
 def test_prefill_lost_before_decode_read_its_kv(deployment):
+    """Straight through the router, the request in flight fails with an error event; the
+    same fault under a request through the endpoint, which sends it again once a prefill
+    engine is Ready: complete and equal to its no-fault answer."""
     deployment.settle()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
+    endpoint = deployment.endpoint()
+    through_endpoint = words(LONG_PROMPT, seed=46)
+    reference = greedy(endpoint, deployment.model, through_endpoint, 8)
     known = deployment.events()
     failed_before = kv_counters(decode_url)["nixl_failed"]
     signal_engine(decode, signal.SIGSTOP)
     try:
-        thread, out, prefill = prefill_leg(deployment, 41)
-        signal_engine(prefill, signal.SIGKILL)
+        ((thread, out), (continued, answer)), killed_pods = prefill_legs(deployment, [
+            lambda: stream_chat(deployment.router(), deployment.model,
+                                words(LONG_PROMPT, seed=41), 8),
+            lambda: greedy(endpoint, deployment.model, through_endpoint, 8)])
+        for prefill in killed_pods:
+            signal_engine(prefill, signal.SIGKILL)
         killed = time.monotonic()
     finally:
         signal_engine(decode, signal.SIGCONT)
+    prefill = killed_pods[0]
     thread.join(300)
     (got,) = out
     waited = time.monotonic() - killed
@@ -176,9 +190,18 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     FIGURES.record(case, report)
     trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
     FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
+    continued.join(300)
+    (through,) = answer
+    FIGURES.record(f"{case}, through the endpoint", {
+        "error": through.error, "tokens": len(through.token_ids),
+        "client_s_after_kill": round(time.monotonic() - killed, 1), "sent": 1,
+        "failed": int(through.failed), "cut_off": int(len(through.token_ids) < 8),
+        "longest_wait_s": round(through.wait, 1),
+        "equal_to_no_fault": int(through.token_ids == reference.token_ids)})
     assert "error event" in report["events"][1], report
     assert got.failed and got.tokens == 0, got
     assert waited < 30, f"the client waited {waited:.0f} s after the prefill died"
+    assert not through.failed and through.token_ids == reference.token_ids, (through, reference)
     next_one = stream_chat(deployment.router(), deployment.model, words(300, seed=42), 8)
     assert not next_one.failed and next_one.tokens == 8, next_one
 
