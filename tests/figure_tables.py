@@ -100,9 +100,28 @@ def fault_clients(sources: dict[str, Cases]) -> list[str]:
         if "served_again_s" in f:
             then = (f"served again after {seconds(f['served_again_s'])}, "
                     f"{cell(f.get('failed_after_resume', 0))} failed first")
+        elif "equal_to_no_fault" in f or "non_streamed" in f:
+            then = endpoint_outcome(f)
         lines.append(row(cell(case), got, seconds(first_of(f, "client_s_after")),
                          cell(f.get("nixl_failed")), seconds(f.get("back_s")), then))
     return lines
+
+
+def endpoint_outcome(f: dict[str, Any]) -> str:
+    """What the endpoint made of a fault (tests/cluster/day_two/test_data_path_faults.py)."""
+    parts = []
+    if "equal_to_no_fault" in f:
+        parts.append(f"{cell(f['equal_to_no_fault'])} equal to their no-fault answer")
+    if f.get("continued"):
+        parts.append(f"{cell(int(f['continued']))} continued, pausing "
+                     f"{seconds(f.get('pause_s'))} on average")
+    if f.get("served_by_prefill"):
+        parts.append(f"{cell(int(f['served_by_prefill']))} served by prefill alone while "
+                     "decode restarted")
+    if "non_streamed" in f:
+        parts.append(f"non-streamed: {f['non_streamed']} after "
+                     f"{seconds(f.get('non_streamed_s'))}")
+    return ", ".join(parts)
 
 
 def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
