@@ -49,6 +49,10 @@ class Refused:
 class ClientGone(Exception):
     """The client closed its connection: nothing more to send or continue."""
 
+    def __init__(self, response: Optional[web.StreamResponse]):
+        super().__init__("the client closed its connection")
+        self.response = response
+
 
 class ClientStream:
     """The client's SSE response, started at the first byte sent."""
@@ -70,7 +74,7 @@ class ClientStream:
                 self.response = response
             await self.response.write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone() from exc
+            raise ClientGone(self.response) from exc
 
     async def end(self) -> web.StreamResponse:
         assert self.response is not None
@@ -188,8 +192,8 @@ class Relay:
             if why_not_continuable(body) is None:
                 return await self.continued(request, kind, body)
             return await self.retried(request, kind, body)
-        except ClientGone:
-            return web.Response(status=499)
+        except ClientGone as gone:   # its response, as far as it went
+            return gone.response or web.Response(status=499)
 
     # ------------------------------------------------------------ continued by token ids
 

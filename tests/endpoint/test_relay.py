@@ -209,3 +209,23 @@ def test_with_nowhere_to_send_it_waits_without_spending_attempts_then_gives_up()
     status, body, later_status, waited = asyncio.run(scenario())
     assert status == 200 and body["choices"][0]["message"]["content"] == expected()
     assert later_status == 503 and 2 <= waited < 3
+
+
+def test_a_client_that_leaves_mid_answer_ends_its_answer_quietly() -> None:
+    async def scenario() -> int:
+        fake = FakeVllm()
+        async with TestServer(fake.app()) as upstream:
+            upstreams = Upstreams(router_url=str(upstream.make_url("")).rstrip("/"))
+            async with TestServer(make_app(upstreams, LIMITS)) as endpoint:
+                async with aiohttp.ClientSession() as client:
+                    async with client.post(endpoint.make_url("/v1/chat/completions"),
+                                           json={**CHAT_BODY, "max_tokens": 5000}) as resp:
+                        await resp.content.readline()
+                    await asyncio.sleep(0.5)
+                    async with client.post(endpoint.make_url("/v1/chat/completions"),
+                                           json={**CHAT_BODY, "stream": False}) as resp:
+                        return resp.status
+    before = sample("longctx_endpoint_answers_given_up_total", reason="attempts_exhausted")
+    assert asyncio.run(scenario()) == 200     # the endpoint serves on
+    assert sample("longctx_endpoint_answers_given_up_total",
+                  reason="attempts_exhausted") == before
