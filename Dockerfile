@@ -126,8 +126,10 @@ COPY tools/requirements-engine-cpu.txt /tmp/requirements-engine-cpu.txt
 RUN python -m pip install --no-cache-dir -c /tmp/requirements-engine-cpu.txt /tmp/wheels/longctx-*.whl \
       "cel-python==0.5.0" "google-re2==1.1.20251105" "pendulum==3.3.0" \
  && rm -rf /tmp/wheels /tmp/requirements-engine-cpu.txt \
- && python -c "import sys, celpy, longctx_operator.runtime.main; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+ && python -c "import sys, celpy, longctx_operator.runtime.main, longctx_endpoint.cli; assert 'vllm' not in sys.modules and 'torch' not in sys.modules" \
+ && longctx-endpoint --help >/dev/null
 USER 65532:65532
+# The endpoint (spec.endpoint) runs from this image too: `longctx-endpoint ...`.
 # `longctx operator` runs Kopf with the handlers of longctx_operator.runtime.main
 # (the chart passes: operator [--namespace NS] [--peering NAME] ...).
 ENTRYPOINT ["longctx"]

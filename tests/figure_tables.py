@@ -102,8 +102,46 @@ def fault_clients(sources: dict[str, Cases]) -> list[str]:
         if "served_again_s" in f:
             then = (f"served again after {seconds(f['served_again_s'])}, "
                     f"{cell(f.get('failed_after_resume', 0))} failed first")
+        elif "equal_to_no_fault" in f or "non_streamed" in f:
+            then = endpoint_outcome(f)
         lines.append(row(cell(case), got, seconds(first_of(f, "client_s_after")),
                          cell(f.get("nixl_failed")), seconds(f.get("back_s")), then))
+    return lines
+
+
+def endpoint_outcome(f: dict[str, Any]) -> str:
+    """What the endpoint made of a fault (tests/cluster/day_two/test_data_path_faults.py)."""
+    parts = []
+    if "equal_to_no_fault" in f:
+        parts.append(f"{cell(f['equal_to_no_fault'])} equal to their no-fault answer")
+    if f.get("continued"):
+        parts.append(f"{cell(int(f['continued']))} continued, pausing "
+                     f"{seconds(f.get('pause_s'))} on average")
+    if f.get("served_by_prefill"):
+        parts.append(f"{cell(int(f['served_by_prefill']))} served by prefill alone while "
+                     "decode restarted")
+    if "non_streamed" in f:
+        parts.append(f"non-streamed: {f['non_streamed']} after "
+                     f"{seconds(f.get('non_streamed_s'))}")
+    return ", ".join(parts)
+
+
+def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
+    """Latency straight through vllm-router and through the endpoint, side by side, and what
+    the endpoint adds (benchmarks/endpoint_overhead.py)."""
+    (cases,) = sources.values()
+    lines = [row("run", "path", "TTFT (median)", "time between tokens (median)",
+                 "added by the endpoint", "endpoint CPU per 1,000 tokens"),
+             row("---", "---", "---:", "---:", "---", "---:")]
+    for case, f in cases.items():
+        router, endpoint = f["router"], f["endpoint"]
+        lines.append(row(cell(case), "straight through vllm-router",
+                         f"{router['ttft_ms']:.1f} ms", f"{router['tbt_ms']:.2f} ms", "-", "-"))
+        lines.append(row("", "through the endpoint", f"{endpoint['ttft_ms']:.1f} ms",
+                         f"{endpoint['tbt_ms']:.2f} ms",
+                         f"TTFT {endpoint['ttft_added']:+.1%}, between tokens "
+                         f"{endpoint['tbt_added']:+.1%} (at most {f['max_added']:.0%})",
+                         f"{endpoint['cpu_ms_per_1000_tokens']:.0f} ms"))
     return lines
 
 
@@ -341,6 +379,8 @@ TABLES = {
     "prefix-reuse": Table("data-path.md", ("prefix-reuse",), prefix_reuse, DAY_TWO),
     "disaggregation-threshold": Table("data-path.md", ("disaggregation-threshold",),
                                       disaggregation_threshold, DAY_TWO),
+    "endpoint-overhead": Table("data-path.md", ("endpoint-overhead",), endpoint_overhead,
+                               "`benchmarks/endpoint_overhead.py`"),
     "bench": Table("bench.md", ("bench",), bench, DAY_TWO),
     "control-plane": Table("reliability.md", ("control-plane-faults",), control_plane,
                            "`make test` (tests/cluster/test_control_plane_faults.py)"),

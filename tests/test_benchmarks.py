@@ -27,7 +27,7 @@ NOT_IN_CI = {
 }
 # The benchmarks CI runs, each by the test below named test_<script> or by the test named.
 RUN_HERE = ("performance_model.py", "topk_threshold_replay.py", "operator_scale.py",
-            "rollout.py", "cpu_costs.py", "cpu_engine_processes.py")
+            "rollout.py", "cpu_costs.py", "cpu_engine_processes.py", "endpoint_overhead.py")
 RUN_ELSEWHERE = {"sass_report.py": "tests/kernels/test_sass_report.py"}
 
 
@@ -112,3 +112,16 @@ def test_cpu_engine_processes():
             for line in out.splitlines() if line.startswith("| ")}
     assert float(rows["start, to /health 200 (s)"][0]) > 0, out
     assert len(rows) >= 6, out
+
+
+@pytest.mark.engine_env
+def test_endpoint_overhead(tmp_path):
+    """Two rounds, both paths measured and the endpoint's CPU counted (the 2% goal is judged
+    by the full run, whose table docs/data-path.md shows: two rounds are too few to)."""
+    out = run("endpoint_overhead.py", "--rounds", "2", "--max-added", "10", timeout=600,
+              env={"LONGCTX_FIGURES_RUN": str(tmp_path)})
+    figures = json.loads(out[out.index("{"):])
+    for path in ("router", "endpoint"):
+        assert figures[path]["ttft_ms"] > 0 and figures[path]["tbt_ms"] > 0, figures
+        assert figures[path]["requests"] == 4, figures
+    assert figures["endpoint"]["cpu_ms_per_1000_tokens"] > 0, figures

@@ -358,7 +358,8 @@ def test_console_script_targets_exist():
         module, func = target.split(":")
         top = module.split(".")[0]
         folder = {"longctx_core": "core", "longctx_engine": "engine",
-                  "longctx_operator": "operator", "longctx_kernels": "kernels"}[top]
+                  "longctx_operator": "operator", "longctx_endpoint": "operator",
+                  "longctx_kernels": "kernels"}[top]
         path = REPO / folder / (module.replace(".", "/") + ".py")
         if name == "longctx-kernels" and not path.exists():
             continue   # the kernels CLI is another engineer's, not referenced by the Dockerfile

@@ -9,8 +9,9 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"longctx_operator": REPO / "operator", "longctx_core": REPO / "core",
-            "longctx_engine": REPO / "engine", "longctx_kernels": REPO / "kernels"}
+PACKAGES = {"longctx_operator": REPO / "operator", "longctx_endpoint": REPO / "operator",
+            "longctx_core": REPO / "core", "longctx_engine": REPO / "engine",
+            "longctx_kernels": REPO / "kernels"}
 
 
 def modules() -> dict[str, Path]:

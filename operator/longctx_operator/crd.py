@@ -120,6 +120,8 @@ PRINTER_COLUMNS = [
     {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary",
      "description": "ready/desired decode pods"},
     {"name": "Max-Context", "type": "integer", "jsonPath": ".spec.maxContextTokens"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint",
+     "description": "where clients send requests"},
     {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.phase",
      "description": "Steady, Progressing, Blocked, Failed, Draining or Recreating"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "priority": 1},

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from longctx_core.api.serving_types import OPERATOR_IMAGE
 from tests.cluster.controlplane import REPO, ControlPlane
 from tests.cluster.pod_network import POD_NETWORK, in_pod_network, netns_inode, pids_in_netns
 from tests.cluster.pod_runner import Image, PodRunner
@@ -34,6 +35,10 @@ ROUTER_IMAGE = "ghcr.io/longctx/vllm-router:0.1.17"
 # Upgrades the day-two tests roll out: other names for the same environments.
 ENGINE_IMAGE_NEXT = "ghcr.io/longctx/engine-cpu:0.1.1"
 ROUTER_IMAGE_NEXT = "ghcr.io/longctx/vllm-router:0.1.17-1"
+# The endpoint runs from the operator's image (spec.endpoint.image): the engine environment
+# holds longctx-endpoint and its dependencies too.
+ENDPOINT_IMAGE = OPERATOR_IMAGE
+ENDPOINT_IMAGE_NEXT = "ghcr.io/longctx/longctx-operator:0.1.1"
 MODELS_CLAIM = "tiny-models"
 LOOPBACK_LABEL = "longctx.dev/loopback"
 # Generous: an engine starts in 40-50 s on a quiet 2-core machine, 80-120 s under load.
@@ -180,7 +185,8 @@ class RealEngines:
         self.runner = PodRunner(cp.kubeconfig, self.node_names,
                                 image_map={image: self.env for image in (
                                     ENGINE_IMAGE, ROUTER_IMAGE, ENGINE_IMAGE_NEXT,
-                                    ROUTER_IMAGE_NEXT)} | (images or {}),
+                                    ROUTER_IMAGE_NEXT, ENDPOINT_IMAGE, ENDPOINT_IMAGE_NEXT)}
+                                | (images or {}),
                                 volume_map={MODELS_CLAIM: self.models}, workdir=workdir,
                                 max_grace=10)
 

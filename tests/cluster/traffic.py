@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from longctx_core import contract
 from tests.cluster.controlplane import ControlPlaneError
 from tests.cluster.real_engines import _check_loopback, metric, metrics, words
 
@@ -35,6 +36,9 @@ class Outcome:
     tokens: int = 0                     # the stream's tokens (see the module's docstring)
     error: str = ""                     # HTTP status, exception or the stream's error
     wait: float = 0.0                   # the longest time nothing arrived (module docstring)
+    text: str = ""                      # the answer's content
+    done: bool = False                  # the stream ended with `data: [DONE]`
+    token_ids: list[int] = field(default_factory=list)   # with return_token_ids
 
     @property
     def failed(self) -> bool:
@@ -58,6 +62,7 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             for line in resp:
+                out.done = out.done or line.startswith(b"data: [DONE]")
                 if not line.startswith(b"data: {"):
                     continue
                 now = time.monotonic()
@@ -66,8 +71,11 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
                 if "error" in chunk:
                     out.error = f"stream error: {chunk['error']}"[:300]
                 for choice in chunk.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
                         out.tokens += 1
+                        out.text += content
+                    out.token_ids += choice.get("token_ids") or []
                     if choice.get("finish_reason") not in (None, "length", "stop"):
                         out.error = f"finish_reason {choice['finish_reason']}"
                 if chunk.get("usage"):
@@ -176,30 +184,34 @@ def is_ready(pod: dict[str, Any]) -> bool:
         for c in (pod.get("status") or {}).get("conditions", []))
 
 
-class RouterEndpoint:
-    """What a client reaching vllm-router through its Service gets, which the harness has
-    no endpoints for (docs/test-harness.md): a Ready, not terminating router pod, the list
-    refreshed every `period` seconds as the endpoints controller and kube-proxy would."""
+class ServiceEndpoint:
+    """What a client reaching a Service of the CR (vllm-router's, or the endpoint's) gets,
+    which the harness has no endpoints for (docs/test-harness.md): a Ready, not terminating
+    pod of the `component`, the newest, the list refreshed every `period` seconds as the
+    endpoints controller and kube-proxy would."""
 
-    def __init__(self, engines: Any, namespace: str, name: str, period: float = 0.5):
+    def __init__(self, engines: Any, namespace: str, name: str, period: float = 0.5,
+                 component: str = contract.ROUTER_COMPONENT,
+                 port: int = contract.VLLM_ROUTER_PORT):
         self.engines, self.namespace, self.name, self.period = engines, namespace, name, period
+        self.component, self.port = component, port
         self._url = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "RouterEndpoint":
+    def start(self) -> "ServiceEndpoint":
         self.refresh()
-        assert self._url, f"no Ready router pod of {self.namespace}/{self.name}"
+        assert self._url, f"no Ready {self.component} pod of {self.namespace}/{self.name}"
         self._thread.start()
         return self
 
     def refresh(self) -> None:
         pods = self.engines.pods(self.namespace, f"app.kubernetes.io/instance={self.name},"
-                                                 "app.kubernetes.io/component=router")
+                                                 f"app.kubernetes.io/component={self.component}")
         ready = [p for p in pods if is_ready(p)]
         if ready:
             newest = max(ready, key=lambda p: p["metadata"]["creationTimestamp"])
-            self._url = f"http://{newest['status']['podIP']}:8080"
+            self._url = f"http://{newest['status']['podIP']}:{self.port}"
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

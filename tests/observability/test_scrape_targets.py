@@ -21,6 +21,7 @@ from longctx_core.api import spec as api
 from longctx_core.plan.roles import serving_plan
 from tests.engine_pods import Pod, pod_command
 from longctx_operator.controller.routers import router_for
+from longctx_operator.controller.builders import endpoint as endpoint_builder
 from longctx_operator.controller.desired import desired_objects
 from tests.helm.chart import by_kind, documents, helm_binary, template_text
 
@@ -149,6 +150,11 @@ def test_every_vllm_rank_of_both_roles_and_the_picker_are_scraped(name):
         expected.add(Target(f"PodMonitor/{contract.picker(cr_name)}", picker, epp["name"],
                             int(_flag(epp, "--metrics-port")), "/metrics"))
         assert int(_flag(epp, "--metrics-port")) == contract.PICKER_METRICS_PORT
+    if endpoint_builder.deployed(plan.spec):
+        endpoint = f"Deployment/{contract.endpoint(cr_name)}"
+        (container,) = _containers(workloads[endpoint])
+        expected.add(Target(f"PodMonitor/{contract.endpoint(cr_name)}", endpoint,
+                            container["name"], contract.ENDPOINT_PORT, "/metrics"))
     # Exactly these: not the DP supervisor, not the routing sidecar (its /metrics is vLLM's,
     # proxied, and llm-d-router v0.10's sidecar serves none of its own).
     assert set(targets) == expected

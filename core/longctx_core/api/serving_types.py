@@ -122,3 +122,46 @@ class KVTransfer(APIObject):
                                      NIXL_SIDE_CHANNEL_PORT,
                                      minimum=1024, maximum=65000)
     rdma: Optional[RDMA] = api_field("RDMA resource; unset means TCP (slow, for tests).", None)
+
+
+# The operator's own image (Dockerfile target `operator`, the chart's appVersion): the
+# endpoint runs from it (`longctx-endpoint`).
+OPERATOR_IMAGE = "ghcr.io/longctx/longctx-operator:0.1.0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continuation(APIObject):
+    """How hard the endpoint tries to finish an answer whose upstream broke."""
+
+    maxAttempts: int = api_field(
+        "Continuations of one answer before it is given up (each re-sends the prompt and "
+        "the tokens generated so far).", 3, minimum=1, maximum=20)
+    giveUpSeconds: Optional[int] = api_field(
+        "From a break to giving up, unless a continuation delivers a token first (unset: "
+        "the plan's request timeout, which holds a queued max-context prefill, its KV "
+        "transfer and the answer).", None, minimum=1, maximum=86400)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint(APIObject):
+    """The client-facing, OpenAI-compatible endpoint in front of the router: it continues
+    an answer on another decode (or on prefill alone while no decode is Ready) when its
+    stream breaks (docs/data-path.md#the-endpoint)."""
+
+    enabled: bool = api_field(
+        "Deploy the endpoint (<name>-endpoint; status.endpoint is its URL). It needs "
+        "a router: vllm-router, or llm-d with router.gateway.", True)
+    replicas: int = api_field("Endpoint pods behind its Service; two or more, so that none "
+                              "is a single point of failure.", 2, minimum=2, maximum=64)
+    image: str = api_field(
+        "Image holding `longctx-endpoint` (the operator's).", OPERATOR_IMAGE,
+        max_length=MAX_IMAGE_LENGTH, rules=(image_rule("endpoint.image", OPERATOR_IMAGE),))
+    routerURL: Optional[str] = api_field(
+        "With router type llm-d: the address of the Gateway in front of the InferencePool "
+        "(default http://<router.gateway.name>.<its namespace>.svc:80). vllm-router's "
+        "pods are found by label.", None, max_length=512, pattern="^https?://[^ ]+$")
+    continuation: Continuation = api_field("Continued answers.", Continuation())
+    drainSeconds: Optional[int] = api_field(
+        "How long a leaving endpoint pod (a rollout, a node drain) keeps finishing its "
+        "answers in flight (unset: the plan's request timeout).", None, minimum=0,
+        maximum=86400)

@@ -16,7 +16,7 @@ from longctx_core.api.model_types import PRESET_MTP_MAP, Model
 from longctx_core.api.operation_types import (Autoscaling, Capacity, Monitoring, NetworkPolicy, Placement,
                              Rollout, Scaling)
 from longctx_core.api.role_types import DIVIDES, RANK_GPUS, RANKS_PER_POD, Decode, Prefill
-from longctx_core.api.serving_types import KVTransfer, Router
+from longctx_core.api.serving_types import Endpoint, KVTransfer, Router
 from longctx_core.contract import MAX_CR_NAME_LENGTH, MAX_POOL_TARGET_PORTS
 from longctx_core.api.schema import APIObject, Rule, api_field, dump, load
 
@@ -87,6 +87,9 @@ class LongContextDeploymentSpec(APIObject):
              "autoscaling is set beside explicit prefill.replicas or decode.replicas: the "
              "autoscaler scales spec.replicas in P/D units (scaling.prefillPerUnit and "
              "decodePerUnit pods each); remove prefill.replicas and decode.replicas"),
+        Rule("!has(self.endpoint.routerURL) || self.router.type == 'llm-d'",
+             "endpoint.routerURL ({self.endpoint.routerURL}) is set but router.type is "
+             "vllm-router, whose pods the endpoint finds by label: remove endpoint.routerURL"),
         Rule("!has(self.autoscaling) || has(self.replicas)",
              "autoscaling is set but replicas is not: the autoscaler reads and writes "
              "spec.replicas (P/D units) through /scale and does nothing while it is unset; "
@@ -101,6 +104,8 @@ class LongContextDeploymentSpec(APIObject):
     prefill: Prefill = api_field("The prefill role.", Prefill())
     decode: Decode = api_field("The decode role.", Decode())
     router: Router = api_field("The llm-d router.", Router())
+    endpoint: Endpoint = api_field("The client-facing endpoint that continues broken answers.",
+                                   Endpoint())
     kvTransfer: KVTransfer = api_field("NIXL KV transfer.", KVTransfer())
     placement: Placement = api_field("Placement of engine pods.", Placement())
     monitoring: Monitoring = api_field("Monitoring.", Monitoring())

@@ -7,6 +7,8 @@ from typing import Any
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.autoscaling import autoscaling_objects
+from longctx_operator.controller.builders.endpoint import (deployed as endpoint_deployed,
+                                                           endpoint_objects, endpoint_pod_monitor)
 from longctx_operator.controller.builders.engine import pod_monitor, revision_objects, shared_engine_objects
 from longctx_operator.controller.builders.network_policy import network_policy
 from longctx_operator.controller.routers import Router
@@ -24,6 +26,7 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, router: Router, *,
     KEDA ScaledObject `with_keda` (its CRD exists), else an HPA."""
     objects = revision_objects(cr, plan, router) if with_revision else []
     objects += shared_engine_objects(cr, plan) + router.objects(cr, plan, serving or plan.revision)
+    objects += endpoint_objects(cr, plan)
     if plan.spec.networkPolicy.enabled:
         objects.append(network_policy(cr, plan))
     if with_pod_monitor and plan.spec.monitoring.podMonitor:
@@ -31,6 +34,8 @@ def desired_objects(cr: dict[str, Any], plan: ServingPlan, router: Router, *,
         router_monitor = router.pod_monitor(cr)
         if router_monitor is not None:
             objects.append(router_monitor)
+        if endpoint_deployed(plan.spec):
+            objects.append(endpoint_pod_monitor(cr))
     if with_capacity_rules or plan.spec.autoscaling is not None:
         objects += autoscaling_objects(cr, plan, plan.capacity,
                                        with_rules=with_capacity_rules, with_keda=with_keda)

@@ -27,6 +27,7 @@ from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan
 
 from longctx_operator.controller import data_path, drain, rollout
+from longctx_operator.controller.builders import endpoint as endpoint_builder
 from longctx_operator import metrics
 from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
@@ -189,7 +190,9 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     data_path_condition = _data_path(cr, plan, revisions, outcome)
     status = compute_status(cr, refusal=refusal, plan=plan_json, observed=observed,
                             desired_replicas=desired_replicas,
-                            endpoint=router.endpoint(name, namespace) if router else None,
+                            endpoint=(endpoint_builder.url(name, namespace)
+                                      if spec is not None and endpoint_builder.deployed(spec)
+                                      else router.endpoint(name, namespace) if router else None),
                             previous=previous,
                             rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))

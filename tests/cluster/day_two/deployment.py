@@ -76,6 +76,22 @@ class Deployment:
         (url,) = self.urls(contract.ROUTER_COMPONENT).values()
         return url
 
+    def endpoints(self) -> dict[str, str]:
+        """The endpoint's Ready pods (the client-facing one, spec.endpoint): {pod: URL}."""
+        pods = self.real.pods(self.namespace, f"app.kubernetes.io/instance={self.name},"
+                                              f"{contract.COMPONENT_LABEL}="
+                                              f"{contract.ENDPOINT_COMPONENT}")
+        return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:{contract.ENDPOINT_PORT}"
+                for p in pods if is_ready(p)}
+
+    def endpoint(self) -> str:
+        """A Ready endpoint pod's URL, once the spec's replicas are Ready (what a client of
+        its Service reaches: ClusterIPs lead nowhere in the harness)."""
+        want = (self.cr["spec"].get("endpoint") or {}).get("replicas", 2)
+        urls = wait_for(lambda: sorted(self.endpoints().values()) if len(
+            self.endpoints()) >= want else None, 120, "the endpoint's pods Ready", 0.5)
+        return urls[0]
+
     def status(self) -> dict[str, Any]:
         return self.real.lcd(self.name, self.namespace).get("status") or {}
 

@@ -19,24 +19,27 @@ REPORT_SECONDS, naming the pod, the fault and what clients saw, from what it alr
 (pod status, the engines' /metrics).
 
 The cases run in this order; the last one's requests after the fault are also the first
-served by the restarted decode engine. Bounded: 8 requests after settling, each at most
+served by the restarted decode engine. Bounded: 15 requests after settling, each at most
 300 s.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
+import urllib.error
 from collections import Counter
 from typing import Any, Callable
 
 import pytest
 
+from longctx_core import contract
 from tests.cluster.day_two.deployment import Figures
-from tests.cluster.real_engines import kv_counters, metric, metrics, words
+from tests.cluster.real_engines import http_json, kv_counters, metric, metrics, words
 from tests.cluster.sessions import remote_prefill
-from tests.cluster.traffic import Outcome, served, signal_engine, stream_chat
+from tests.cluster.traffic import Outcome, is_ready, served, signal_engine, stream_chat
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -48,17 +51,33 @@ REPORT_SECONDS = 30
 # An engine restart took 4-5 min under a load average of 15, over 6 min at 40.
 RESTART_TIMEOUT = 600
 STOP_SECONDS = 20
+# Through the endpoint when decode dies: greedy answers in flight (long enough that the kill
+# lands mid-answer: the tiny dense model streams 160 tokens in about a second), and requests
+# sent while decode restarts.
+ENDPOINT_ANSWERS = 2
+ENDPOINT_TOKENS = 1024
+DURING_RESTART = 2
+# The endpoint's give-up window while every engine is stopped (spec.endpoint.continuation).
+GIVE_UP_SECONDS = 10
 # Each case, its test and what the test requires of the clients (docs/reliability.md).
 CASES = [
     ("prefill engine SIGKILLed after its prefill leg, before decode read the KV",
      "test_prefill_lost_before_decode_read_its_kv",
-     "the request in flight: an error event within 30 s, no token; the next one served"),
+     "straight through the router, the request in flight: an error event within 30 s, no "
+     "token; the next one served. Through the endpoint: complete, equal to its no-fault "
+     "answer"),
     ("decode engine SIGKILLed mid-answer", "test_decode_lost_mid_answer",
-     "the answer in flight cut off within 30 s (no error event)"),
+     "straight through the router, the answer in flight cut off within 30 s (no error "
+     "event); through the endpoint, every answer complete and equal to its no-fault "
+     "answer, the requests sent while decode restarts served by prefill"),
     ("NIXL side channel unreachable (prefill stopped while decode must handshake)",
      "test_nixl_side_channel_unreachable",
      f"the request in flight: an error event within {STOP_SECONDS} s, no token; "
      "served again within 60 s"),
+    ("every engine stopped (SIGSTOP), requests through the endpoint",
+     "test_every_engine_stopped_the_endpoint_gives_up_within_its_bound",
+     "an error event and [DONE], or a 503 with a JSON error, within twice the give-up "
+     "window and 10 s"),
 ]
 FIGURES = Figures("data-path-faults", "faults")
 
@@ -93,22 +112,23 @@ def in_background(fn: Callable[[], Outcome]) -> tuple[threading.Thread, list[Out
     return thread, out
 
 
-def prefill_leg(deployment, long_request_seed: int) -> tuple[threading.Thread, list[Outcome],
-                                                             dict[str, Any]]:
-    """A long streamed request through the router with decode held: returns once a prefill
-    engine finished its leg, with that prefill pod (decode is still stopped)."""
+def prefill_legs(deployment, requests: list[Callable[[], Outcome]]
+                 ) -> tuple[list[tuple[threading.Thread, list[Outcome]]], list[dict[str, Any]]]:
+    """Long streamed requests with decode held: returns once a prefill engine finished the
+    leg of each, with those prefill pods (decode is still stopped)."""
     prefills = deployment.urls("prefill")
     before = {pod: served(url)[0] for pod, url in prefills.items()}
+    started = [in_background(request) for request in requests]
 
-    thread, out = in_background(lambda: stream_chat(
-        deployment.router(), deployment.model, words(LONG_PROMPT, seed=long_request_seed), 8))
-
-    def leg_done() -> str | None:
-        assert thread.is_alive() or not out, f"the request ended first: {out}"
-        return next((pod for pod, url in prefills.items() if served(url)[0] > before[pod]),
-                    None)
-    name = wait_for(leg_done, 120, "the prefill leg to finish", 0.05)
-    return thread, out, deployment.pod(name)
+    def legs_done() -> list[str] | None:
+        assert all(t.is_alive() or not o for t, o in started), \
+            f"a request ended first: {[o for _, o in started]}"
+        after = {pod: served(url)[0] for pod, url in prefills.items()}
+        if sum(after.values()) - sum(before.values()) < len(requests):
+            return None
+        return [pod for pod in prefills if after[pod] > before[pod]]
+    names = wait_for(legs_done, 120, "the prefill legs to finish", 0.05)
+    return started, [deployment.pod(name) for name in names]
 
 
 def back(deployment, name: str, before: int) -> tuple[list[str], float]:
@@ -133,18 +153,29 @@ def back(deployment, name: str, before: int) -> tuple[list[str], float]:
 
 
 def test_prefill_lost_before_decode_read_its_kv(deployment):
+    """Straight through the router, the request in flight fails with an error event; the
+    same fault under a request through the endpoint, which sends it again once a prefill
+    engine is Ready: complete and equal to its no-fault answer."""
     deployment.settle()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
+    endpoint = deployment.endpoint()
+    through_endpoint = words(LONG_PROMPT, seed=46)
+    reference = greedy(endpoint, deployment.model, through_endpoint, 8)
     known = deployment.events()
     failed_before = kv_counters(decode_url)["nixl_failed"]
     signal_engine(decode, signal.SIGSTOP)
     try:
-        thread, out, prefill = prefill_leg(deployment, 41)
-        signal_engine(prefill, signal.SIGKILL)
+        ((thread, out), (continued, answer)), killed_pods = prefill_legs(deployment, [
+            lambda: stream_chat(deployment.router(), deployment.model,
+                                words(LONG_PROMPT, seed=41), 8),
+            lambda: greedy(endpoint, deployment.model, through_endpoint, 8)])
+        for prefill in killed_pods:
+            signal_engine(prefill, signal.SIGKILL)
         killed = time.monotonic()
     finally:
         signal_engine(decode, signal.SIGCONT)
+    prefill = killed_pods[0]
     thread.join(300)
     (got,) = out
     waited = time.monotonic() - killed
@@ -159,30 +190,71 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     FIGURES.record(case, report)
     trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
     FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
+    continued.join(300)
+    (through,) = answer
+    FIGURES.record(f"{case}, through the endpoint", {
+        "error": through.error, "tokens": len(through.token_ids),
+        "client_s_after_kill": round(time.monotonic() - killed, 1), "sent": 1,
+        "failed": int(through.failed), "cut_off": int(len(through.token_ids) < 8),
+        "longest_wait_s": round(through.wait, 1),
+        "equal_to_no_fault": int(through.token_ids == reference.token_ids)})
     assert "error event" in report["events"][1], report
     assert got.failed and got.tokens == 0, got
     assert waited < 30, f"the client waited {waited:.0f} s after the prefill died"
+    assert not through.failed and through.token_ids == reference.token_ids, (through, reference)
     next_one = stream_chat(deployment.router(), deployment.model, words(300, seed=42), 8)
     assert not next_one.failed and next_one.tokens == 8, next_one
 
 
+def endpoint_counts(url: str) -> dict[str, float]:
+    """The endpoint pod's counters (longctx_endpoint/metrics.py)."""
+    page = metrics(f"{url}/metrics")
+    return {"pd": metric(page, "longctx_endpoint_requests_total", route="pd"),
+            "prefill_only": metric(page, "longctx_endpoint_requests_total",
+                                   route="prefill_only"),
+            "continued": metric(page, "longctx_endpoint_answers_continued_total"),
+            "given_up": metric(page, "longctx_endpoint_answers_given_up_total"),
+            "pauses": metric(page, "longctx_endpoint_continuation_pause_seconds_count"),
+            "paused_s": metric(page, "longctx_endpoint_continuation_pause_seconds_sum")}
+
+
+def greedy(url: str, model: str, prompt: str, tokens: int) -> Outcome:
+    return stream_chat(url, model, prompt, tokens, return_token_ids=True)
+
+
 def test_decode_lost_mid_answer(deployment):
+    """Straight through the router, the answer in flight is cut off. Through the endpoint
+    (the deployment's one decode pod is the seed's shape), the answers in flight continue
+    on a prefill engine by token ids and equal their no-fault answers, the requests sent
+    while decode restarts are served by prefill, and the endpoint goes back to P/D after."""
     deployment.settle()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
+    endpoint = deployment.endpoint()
+    prompts = [words(120, seed=60 + i) for i in range(ENDPOINT_ANSWERS)]
+    no_fault = [greedy(endpoint, deployment.model, p, ENDPOINT_TOKENS) for p in prompts]
+    assert all(not o.failed and len(o.token_ids) == ENDPOINT_TOKENS for o in no_fault), no_fault
+    counts = endpoint_counts(endpoint)
     known = deployment.events()
     # Long enough that the kill lands mid-answer: decode streams ~30 tokens/s here.
     answer_tokens = 1024
+    continued = [in_background(lambda p=p: greedy(endpoint, deployment.model, p,
+                                                  ENDPOINT_TOKENS)) for p in prompts]
     thread, out = in_background(lambda: stream_chat(
         deployment.router(), deployment.model, words(200, seed=43), answer_tokens))
     wait_for(lambda: metric(metrics(f"{decode_url}/metrics"),
-                            "vllm:num_requests_running") >= 1, 120, "decode to answer", 0.1)
+                            "vllm:num_requests_running") >= 1 + ENDPOINT_ANSWERS, 120,
+             "decode to answer", 0.1)
     time.sleep(1)          # a few tokens streamed
     signal_engine(decode, signal.SIGKILL)
     killed = time.monotonic()
     thread.join(300)
     (got,) = out
     waited = time.monotonic() - killed
+    answers = []
+    for background, result in continued:
+        background.join(300)
+        answers += result
     case = "decode lost mid-answer"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
                           "client_s_after_kill": round(waited, 1), "sent": 1,
@@ -192,10 +264,43 @@ def test_decode_lost_mid_answer(deployment):
     report = reported(deployment, known, killed, ("EngineRestarted", decode["metadata"]["name"]))
     FIGURES.record(case, report)
     assert "without an error event or a finish_reason" in report["events"][0], report
+    # New requests while decode restarts: through the endpoint, served by prefill alone.
+    during = [greedy(endpoint, deployment.model, words(80, seed=70 + i), 16)
+              for i in range(DURING_RESTART)]
+    after_fault = endpoint_counts(endpoint)
     trace, seconds_back = back(deployment, decode["metadata"]["name"], restarts(decode))
     FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
     assert 0 < got.tokens < answer_tokens, got           # cut off, never complete
     assert waited < 30, f"the client waited {waited:.0f} s after decode died"
+
+    # Back to P/D once decode is Ready again.
+    wait_for(lambda: deployment.endpoints(), 60, "the endpoint's pods Ready", 0.5)
+    again = greedy(endpoint, deployment.model, words(80, seed=79), 16)
+    final = endpoint_counts(endpoint)
+    endpoint_case = "decode lost mid-answer, through the endpoint (one decode pod)"
+    FIGURES.record(endpoint_case, {
+        "sent": len(answers) + len(during) + 1,
+        "failed": sum(o.failed for o in [*answers, *during, again]),
+        "cut_off": sum(not o.failed and len(o.token_ids) < n for o, n in [
+            *((a, ENDPOINT_TOKENS) for a in answers), *((d, 16) for d in during), (again, 16)]),
+        "longest_wait_s": round(max(o.wait for o in answers), 1),
+        "tokens": sum(len(a.token_ids) for a in answers),
+        "equal_to_no_fault": sum(a.token_ids == n.token_ids for a, n in zip(answers, no_fault)),
+        "continued": after_fault["continued"] - counts["continued"],
+        "served_by_prefill": after_fault["prefill_only"] - counts["prefill_only"],
+        "pause_s": round((after_fault["paused_s"] - counts["paused_s"])
+                         / max(1.0, after_fault["pauses"] - counts["pauses"]), 2)})
+    for answer, reference in zip(answers, no_fault):
+        assert not answer.failed and answer.token_ids == reference.token_ids, (
+            answer, reference)
+        assert answer.text == reference.text
+    assert after_fault["continued"] - counts["continued"] == ENDPOINT_ANSWERS
+    assert after_fault["given_up"] == counts["given_up"]
+    assert all(not d.failed and len(d.token_ids) == 16 for d in during), during
+    assert after_fault["prefill_only"] - counts["prefill_only"] >= DURING_RESTART
+    assert not again.failed and len(again.token_ids) == 16, again
+    assert final["pd"] - after_fault["pd"] == 1 and final["prefill_only"] == \
+        after_fault["prefill_only"]
 
 
 def test_nixl_side_channel_unreachable(deployment):
@@ -250,3 +355,60 @@ def test_nixl_side_channel_unreachable(deployment):
     FIGURES.record(case, {"failed_after_resume": len(attempts) - 1,
                           "served_again_s": round(time.monotonic() - started, 1),
                           "errors_after_resume": [a.error for a in attempts[:-1]]})
+
+
+def test_every_engine_stopped_the_endpoint_gives_up_within_its_bound(deployment):
+    """Every engine stopped (SIGSTOP): a streamed answer through the endpoint ends with an
+    error event and `[DONE]`, a non-streamed one is a 503 with a JSON error, within the
+    bound: a silent upstream is broken after giveUpSeconds, and the continuations are given
+    up giveUpSeconds after that break."""
+    deployment.settle(warm=False)
+    deployment.apply({"endpoint": {"continuation": {"giveUpSeconds": GIVE_UP_SECONDS}}})
+
+    def rolled() -> bool:
+        pods = [p for p in deployment.real.pods(
+            deployment.namespace, f"app.kubernetes.io/instance={deployment.name},"
+            f"{contract.COMPONENT_LABEL}={contract.ENDPOINT_COMPONENT}")]
+        return len(pods) == 2 and all(
+            is_ready(p) and str(GIVE_UP_SECONDS) in p["spec"]["containers"][0]["args"]
+            for p in pods)
+    wait_for(rolled, 180, "the endpoint rolled to the new give-up window", 1)
+    endpoint = deployment.endpoint()
+    counts = endpoint_counts(endpoint)
+    engines = deployment.pods()
+    bound = 2 * GIVE_UP_SECONDS + 10
+    body = {"model": deployment.model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": words(50, seed=80)}]}
+
+    def non_streamed() -> tuple[int, dict[str, Any]]:
+        try:
+            return 200, http_json(f"{endpoint}/v1/chat/completions", body, timeout=bound + 30)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+    for pod in engines:
+        signal_engine(pod, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        plain: list[tuple[int, dict[str, Any]]] = []
+        background = threading.Thread(target=lambda: plain.append(non_streamed()), daemon=True)
+        background.start()
+        streamed = stream_chat(endpoint, deployment.model, words(50, seed=81), 8,
+                               timeout=bound + 30)
+        streamed_s = time.monotonic() - stopped
+        background.join(bound + 30)
+        plain_s = time.monotonic() - stopped
+    finally:
+        for pod in engines:
+            signal_engine(pod, signal.SIGCONT)
+    after = endpoint_counts(endpoint)
+    ((status, error),) = plain
+    FIGURES.record("every engine stopped, through the endpoint", {
+        "error": streamed.error, "tokens": streamed.tokens,
+        "client_s_after_stop": round(streamed_s, 1), "sent": 2, "failed": 2, "cut_off": 0,
+        "non_streamed": f"HTTP {status}", "non_streamed_s": round(plain_s, 1),
+        "given_up": after["given_up"] - counts["given_up"]})
+    assert streamed.failed and "could not be completed" in streamed.error and streamed.done, \
+        streamed
+    assert status == 503 and "could not be completed" in error["error"]["message"], error
+    assert streamed_s < bound and plain_s < bound, (streamed_s, plain_s)
+    assert after["given_up"] - counts["given_up"] == 2

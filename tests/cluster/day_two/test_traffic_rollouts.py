@@ -14,6 +14,8 @@ and seconds):
    keeps its pod (after the decode-only edit, a session begun before it still hits
    prefill's prefix cache);
 5. a router edit (its image): the router's Deployment surges its one pod;
+   then an endpoint edit (its image), with the traffic through the endpoint's pods: its
+   Deployment surges, a leaving pod finishes its answers;
 6. a node drain (`kubectl drain` of the decode pod's node, evictions through the
    PodDisruptionBudgets): the single pods and the router move to the other node first;
 7. an operator upgrade that renders the engines differently (the operator runs in this
@@ -34,9 +36,10 @@ from longctx_core import contract
 from longctx_core.plan import faults, roles
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
 from tests.cluster.day_two.test_prefix_reuse import via_router
-from tests.cluster.real_engines import ENGINE_IMAGE_NEXT, ROUTER_IMAGE_NEXT, chat, words
+from tests.cluster.real_engines import (ENDPOINT_IMAGE_NEXT, ENGINE_IMAGE_NEXT,
+                                        ROUTER_IMAGE_NEXT, chat, words)
 from tests.cluster.sessions import Session, block_tokens, prefix_counters
-from tests.cluster.traffic import PodCounters, RouterEndpoint, Traffic
+from tests.cluster.traffic import PodCounters, ServiceEndpoint, Traffic
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -52,6 +55,7 @@ UPGRADED = {"engine": {"image": ENGINE_IMAGE_NEXT}}
 DECODE_EDIT = {"engine": {"extraArgs": {"decode": ["--max-num-seqs", "64"]}}}
 PREFILL_EDIT = {"engine": {"extraArgs": {"prefill": ["--max-num-seqs", "8"]}}}
 ROUTER_EDIT = {"router": {"vllmRouterImage": ROUTER_IMAGE_NEXT}}
+ENDPOINT_EDIT = {"endpoint": {"image": ENDPOINT_IMAGE_NEXT}}
 TWO_PREFILL = {"prefill": {"replicas": 2}}
 NOTHING_LOST = "nothing: no request failed or cut off"
 # Each case, its test and what the test requires of the clients (docs/reliability.md).
@@ -69,6 +73,9 @@ CASES = [
      f"{NOTHING_LOST}: only the prefill pod is replaced, beside, never restarted in place; "
      "the decode pod stays"),
     ("router edit (its image) under traffic", "test_router_edit_under_traffic", NOTHING_LOST),
+    ("endpoint edit (its image) under traffic through the endpoint",
+     "test_endpoint_edit_under_traffic",
+     f"{NOTHING_LOST}: new endpoint pods first, the old ones finish their answers"),
     ("node drain (kubectl drain) under traffic", "test_node_drain_under_traffic",
      f"{NOTHING_LOST}: the single pods and the router move first"),
     ("operator upgrade that renders differently, under traffic",
@@ -96,15 +103,19 @@ def data_path_faults(conds: list[str]) -> list[str]:
 
 
 def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callable[[], Any],
-                  max_requests: int) -> tuple[dict[str, Any], PodCounters]:
-    """Starts the traffic and the per-pod counters, makes the change, waits for done()
-    (bounded), stops both; records and returns what the clients got, with the counters.
-    A request still open when the traffic stops counts as failed."""
+                  max_requests: int, through: str = contract.ROUTER_COMPONENT
+                  ) -> tuple[dict[str, Any], PodCounters]:
+    """Starts the traffic (through the router's pods, or the endpoint's) and the per-pod
+    counters, makes the change, waits for done() (bounded), stops both; records and returns
+    what the clients got, with the counters. A request still open when the traffic stops
+    counts as failed."""
     deployment.settle()
     known = Counter(deployment.events())
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
     counters = PodCounters(real, namespace, name).start()
-    router = RouterEndpoint(real, namespace, name).start()
+    port = contract.ENDPOINT_PORT if through == contract.ENDPOINT_COMPONENT \
+        else contract.VLLM_ROUTER_PORT
+    router = ServiceEndpoint(real, namespace, name, component=through, port=port).start()
     traffic = Traffic(router, deployment.model, interval=TRAFFIC_INTERVAL, parallel=1,
                       max_requests=max_requests, max_seconds=PHASE_TIMEOUT).start()
     time.sleep(3)                      # traffic flows before the change
@@ -267,6 +278,22 @@ def test_router_edit_under_traffic(deployment):
     summary, _ = under_traffic(deployment, "router edit (its image)",
                                lambda: deployment.apply(ROUTER_EDIT), router_rolled,
                                max_requests=300)
+    assert_none_lost(summary)
+
+
+def test_endpoint_edit_under_traffic(deployment):
+    """The endpoint's own rollout, with the clients on its pods: it surges, and a leaving
+    pod finishes its answers in flight."""
+    def endpoint_rolled() -> bool:
+        pods = deployment.real.pods(deployment.namespace,
+                                    f"app.kubernetes.io/instance={deployment.name},"
+                                    f"{contract.COMPONENT_LABEL}={contract.ENDPOINT_COMPONENT}")
+        return len(pods) == 2 and all(is_ready(p) and p["spec"]["containers"][0]["image"]
+                                      == ENDPOINT_IMAGE_NEXT for p in pods)
+    deployment.endpoint()
+    summary, _ = under_traffic(deployment, "endpoint edit (its image)",
+                               lambda: deployment.apply(ENDPOINT_EDIT), endpoint_rolled,
+                               max_requests=300, through=contract.ENDPOINT_COMPONENT)
     assert_none_lost(summary)
 
 

@@ -8,6 +8,8 @@ scale-down is draining: they still hold requests and still pull KV) and admits:
   RPC between the pods of one group, and the decode routing sidecar's prefill leg;
 - from the CR's endpoint picker, the serving ports (the InferencePool's target ports: the
   picker reads each endpoint's metrics there);
+- from the CR's endpoint, the serving ports (it sends to a prefill engine directly while
+  no decode pod is Ready);
 - from spec.networkPolicy.clients, the serving ports (a Gateway's pods);
 - from spec.networkPolicy.scrapers, the vLLM metrics ports (the PodMonitor's);
 - from the longctx operator's pods (any namespace), the vLLM metrics ports: it reads
@@ -24,6 +26,8 @@ from typing import Any
 
 from longctx_core import contract
 from longctx_core.plan.roles import ServingPlan
+
+from longctx_operator.controller.builders.endpoint import deployed as endpoint_deployed
 
 
 def _ports(ports: list[int]) -> list[dict[str, Any]]:
@@ -53,6 +57,9 @@ def network_policy(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
     ingress: list[dict[str, Any]] = [{"from": [engines]}]
     if plan.spec.router.enabled:
         ingress.append({"from": [picker], "ports": serving})
+    if endpoint_deployed(plan.spec):
+        ingress.append({"from": [{"podSelector": {"matchLabels": contract.selector_labels(
+            name, contract.ENDPOINT_COMPONENT)}}], "ports": serving})
     if spec.clients:
         ingress.append({"from": [dict(p) for p in spec.clients], "ports": serving})
     if spec.scrapers:

@@ -17,6 +17,7 @@ from longctx_core.sizing.prefix_index import prefix_index
 
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.builders.router_placement import router_placement
+from longctx_operator.controller.builders.workload import service_account_objects
 from longctx_operator import kinds
 
 COMPONENT = contract.ROUTER_COMPONENT
@@ -263,18 +264,8 @@ def picker_rules() -> list[dict[str, Any]]:
 
 
 def _picker_rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
-    name = contract.picker(cr["metadata"]["name"])
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": router_meta(cr, name),
-         "automountServiceAccountToken": True},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": router_meta(cr, name), "rules": picker_rules()},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": router_meta(cr, name),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name,
-                       "namespace": cr["metadata"]["namespace"]}]},
-    ]
+    return service_account_objects(router_meta(cr, contract.picker(cr["metadata"]["name"])),
+                                   picker_rules())
 
 
 def picker_objects(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,

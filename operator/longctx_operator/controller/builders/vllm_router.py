@@ -26,6 +26,7 @@ from longctx_core import contract
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.router_placement import router_placement
+from longctx_operator.controller.builders.workload import cluster_ip_service, service_account_objects
 
 COMPONENT = contract.ROUTER_COMPONENT
 NONROOT_UID = 65532
@@ -150,12 +151,9 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
 
 
 def _service(cr: dict[str, Any]) -> dict[str, Any]:
-    cr_name = cr["metadata"]["name"]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(cr),
-            "spec": {"type": "ClusterIP",
-                     "selector": contract.selector_labels(cr_name, COMPONENT),
-                     "ports": [{"name": HTTP_PORT_NAME, "port": contract.VLLM_ROUTER_PORT,
-                                "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}]}}
+    selector = contract.selector_labels(cr["metadata"]["name"], COMPONENT)
+    return cluster_ip_service(_meta(cr), selector,
+                              contract.VLLM_ROUTER_PORT, HTTP_PORT_NAME)
 
 
 def router_rules() -> list[dict[str, Any]]:
@@ -165,18 +163,7 @@ def router_rules() -> list[dict[str, Any]]:
 
 
 def _rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
-    name = contract.vllm_router(cr["metadata"]["name"])
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cr),
-         "automountServiceAccountToken": True},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(cr),
-         "rules": router_rules()},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": _meta(cr),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name,
-                       "namespace": cr["metadata"]["namespace"]}]},
-    ]
+    return service_account_objects(_meta(cr), router_rules())
 
 
 def _disruption_budget(cr: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,184 @@
+"""What the client-facing endpoint (longctx-endpoint) adds on the hot path, on the CPU example:
+time to first token and time between tokens through the endpoint against straight through
+vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 tokens it relays.
+
+A prefill engine and a decode engine, each launched as the operator renders
+examples/tiny-mla-cpu.yaml (benchmarks/cpu_costs.py's launcher), vllm-router in P/D mode in
+front of them, and the endpoint in front of the router, all on 127.0.0.1. Rounds alternate
+the two paths; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt
+its own (no prefix cache hit). The endpoint's CPU is its process's user + system time over
+the run (it is idle while the router's rounds run). The figures go to
+docs/figures/endpoint-overhead.json; `make figures` renders docs/data-path.md's table. Exits
+1 when the endpoint adds more than MAX_ADDED to either latency.
+
+Needs the engine environment (tools/engine-env.sh); about 4 minutes on 2 cores. On a shared
+machine run it under the lock the real-engine tests take:
+
+    flock /work/wt/cluster.lock env PYTHONPATH=core:operator:. \\
+        $(tools/python-env.sh)/bin/python benchmarks/endpoint_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "core"), str(REPO / "operator")]
+
+from benchmarks.cpu_costs import HOST, PORTS, launch, spec_for, wait_healthy, words  # noqa: E402
+from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
+from tests.figures import Figures  # noqa: E402
+
+ROUTER_PORT, ENDPOINT_PORT = 18230, 18240
+CONCURRENCY = 2          # the day-two traffic's: two requests at once on the 2 cores
+PROMPT_WORDS = 256
+ANSWER_TOKENS = 64
+MAX_ADDED = 0.02         # the endpoint may add at most 2% to TTFT and to time between tokens
+FIGURES = Figures("endpoint-overhead", "overhead")
+
+
+def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
+    async with aiohttp.ClientSession() as client:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise SystemExit(f"{what} exited")
+            try:
+                async with client.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(1)
+    raise SystemExit(f"{what} was not ready in 300 s")
+
+
+async def one(client: aiohttp.ClientSession, url: str, model: str, seed: int
+              ) -> tuple[float, list[float], int]:
+    """TTFT, the gaps between content chunks, and the tokens of one streamed answer."""
+    body = {"model": model, "messages": [{"role": "user", "content": words(PROMPT_WORDS, seed)}],
+            "max_tokens": ANSWER_TOKENS, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    async with client.post(f"{url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                arrivals.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    assert tokens == ANSWER_TOKENS, f"{url}: {tokens} tokens"
+    return arrivals[0] - sent, [b - a for a, b in zip(arrivals, arrivals[1:])], tokens
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: int) -> dict:
+    samples: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "tbt": []} for p in urls}
+    tokens = 0
+    cpu_before = cpu_seconds(endpoint_pid)
+    seed = 5000
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as client:
+        for r in range(rounds):
+            order = list(urls) if r % 2 == 0 else list(reversed(urls))
+            for path in order:
+                seed += CONCURRENCY
+                results = await asyncio.gather(*(one(client, urls[path], model, seed + i)
+                                                 for i in range(CONCURRENCY)))
+                for ttft, gaps, n in results:
+                    samples[path]["ttft"].append(ttft)
+                    samples[path]["tbt"].extend(gaps)
+                    tokens += n if path == "endpoint" else 0
+    cpu = cpu_seconds(endpoint_pid) - cpu_before
+    out = {}
+    for path, s in samples.items():
+        out[path] = {"ttft_ms": round(statistics.median(s["ttft"]) * 1e3, 2),
+                     "tbt_ms": round(statistics.median(s["tbt"]) * 1e3, 3),
+                     "requests": len(s["ttft"])}
+    out["endpoint"]["cpu_ms_per_1000_tokens"] = round(cpu / tokens * 1e6, 1)
+    for key in ("ttft_ms", "tbt_ms"):
+        out["endpoint"][f"{key[:-3]}_added"] = round(
+            out["endpoint"][key] / out["router"][key] - 1, 4)
+    return out
+
+
+async def run(rounds: int, logdir: Path) -> dict:
+    env_dir = engine_env()
+    spec, model_dir = spec_for(tiny_models(env_dir) / "dense")
+    procs = {role: launch(env_dir, spec, model_dir, role, logdir) for role in PORTS}
+    try:
+        for role, proc in procs.items():
+            wait_healthy(f"http://{HOST}:{PORTS[role][0]}", proc, role, logdir)
+        procs["router"] = start([
+            str(env_dir / "bin" / "vllm-router"), "--vllm-pd-disaggregation",
+            "--kv-connector", "nixl", "--policy", "cache_aware",
+            "--prefill", f"http://{HOST}:{PORTS['prefill'][0]}",
+            "--decode", f"http://{HOST}:{PORTS['decode'][0]}",
+            "--host", HOST, "--port", str(ROUTER_PORT),
+            "--prometheus-host", HOST, "--prometheus-port", str(ROUTER_PORT + 1)],
+            logdir / "router.log")
+        router = f"http://{HOST}:{ROUTER_PORT}"
+        await wait_ready(f"{router}/readiness", procs["router"], "vllm-router")
+        procs["endpoint"] = start([
+            str(env_dir / "bin" / "python"), "-m", "longctx_endpoint.cli", "--host", HOST,
+            "--port", str(ENDPOINT_PORT), "--router-url", router],
+            logdir / "endpoint.log",
+            env={**os.environ, "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"})
+        endpoint = f"http://{HOST}:{ENDPOINT_PORT}"
+        await wait_ready(f"{endpoint}/health", procs["endpoint"], "the endpoint")
+        model = spec.model.servedName
+        # One warm-up round each way: the first NIXL handshake, the first compiled shapes.
+        await measure({"router": router, "endpoint": endpoint}, model, 1,
+                      procs["endpoint"].pid)
+        return await measure({"router": router, "endpoint": endpoint}, model, rounds,
+                             procs["endpoint"].pid)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+        for proc in procs.values():
+            proc.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--max-added", type=float, default=MAX_ADDED,
+                   help="the bound to hold the endpoint to (a fraction; default the goal's)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="endpoint-overhead-") as tmp:
+        figures = asyncio.run(run(args.rounds, Path(tmp)))
+    case = f"tiny dense model, {CONCURRENCY} at once, {PROMPT_WORDS}-word prompts, " \
+           f"{ANSWER_TOKENS} tokens"
+    FIGURES.record(case, {**figures, "max_added": MAX_ADDED})
+    added = figures["endpoint"]
+    print(json.dumps(figures, indent=1))
+    if max(added["ttft_added"], added["tbt_added"]) > args.max_added:
+        raise SystemExit(f"the endpoint adds more than {args.max_added:.0%}: {added}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""What the Deployments of a CR's own pods (the picker, vllm-router, the endpoint) share: the
+ServiceAccount they run under with its Role and RoleBinding, and a ClusterIP Service, named
+and labelled by their `meta`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def service_account_objects(meta: dict[str, Any], rules: list[dict[str, Any]]
+                            ) -> list[dict[str, Any]]:
+    """A ServiceAccount allowed `rules` in its namespace (all three objects share `meta`)."""
+    name, namespace = meta["name"], meta["namespace"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+         "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ]
+
+
+def cluster_ip_service(meta: dict[str, Any], selector: dict[str, str], port: int,
+                       port_name: str) -> dict[str, Any]:
+    """A Service of one TCP port, forwarded to the pods' port of that name."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+            "spec": {"type": "ClusterIP", "selector": selector,
+                     "ports": [{"name": port_name, "port": port, "targetPort": port_name,
+                                "protocol": "TCP"}]}}
