@@ -195,7 +195,7 @@ def _data_path(cr: dict[str, Any], plan: ServingPlan | None,
     now = _utcnow()
     policy = plan.decode.faults.kv_load_failure_policy if plan is not None else "fail"
     faults = data_path.restarted([p for r in revisions.values() for p in r.pods], now, policy)
-    faults += [g.fault(policy) for g in data_path.RECORDED.recent(key, now)]
+    faults += data_path.RECORDED.faults(key, now, policy)
     outcome.events += [("Warning", f.reason, f.message)
                        for f in data_path.RECORDED.unreported(key, faults)]
     condition, clears_in = data_path.condition(faults, now)
