@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from longctx_operator.controller import data_path, engine_load
+from longctx_operator.controller import answers, data_path, engine_load
 from longctx_operator.runtime import engine_watch
 
 FAILED = "vllm:nixl_num_failed_transfers_total"
@@ -96,7 +96,7 @@ class Watch:
         self.loads, self.recorded = engine_load.Loads(), data_path.Recorded()
         self.watch = engine_watch.EngineWatch(
             lambda: self.pods, lambda ns, name: self.asked.append((ns, name)), period=60,
-            loads=self.loads, recorded=self.recorded)
+            loads=self.loads, recorded=self.recorded, answers_=answers.Answers())
 
     def look(self) -> list[data_path.Growth]:
         return self.watch.look()
@@ -209,3 +209,66 @@ def test_the_requests_in_flight_of_every_rank_are_published(ranks):
 def test_a_pod_outside_the_allowed_networks_is_never_read(ranks, monkeypatch):
     monkeypatch.setenv(engine_load.NETWORKS_ENV, "198.18.0.0/15")
     assert engine_watch.read_ranks(engine_pod([ranks[0].port])) == {}
+
+
+class Endpoint:
+    """An endpoint pod's /metrics on a loopback port, its counters as a test sets them."""
+
+    def __init__(self, continued: float = 0.0) -> None:
+        self.continued = continued
+        endpoint = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = endpoint.page().encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def page(self) -> str:
+        return ('longctx_endpoint_requests_total{route="pd"} 4\n'
+                'longctx_endpoint_requests_total{route="prefill_only"} 0\n'
+                f"longctx_endpoint_answers_continued_total {self.continued}\n"
+                'longctx_endpoint_continuation_attempts_total{reason="stream_broken"} '
+                f"{self.continued}\n"
+                'longctx_endpoint_answers_given_up_total{reason="attempts_exhausted"} 0\n')
+
+
+def endpoint_pod(restarts: int = 0) -> dict:
+    return {"metadata": {"name": "cr-endpoint-abc", "namespace": "ns", "uid": "u-endpoint",
+                         "labels": {"app.kubernetes.io/instance": "cr",
+                                    "app.kubernetes.io/component": "endpoint"}},
+            "status": {"podIP": "127.0.0.1", "containerStatuses": [{
+                "restartCount": restarts,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+                "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_the_endpoints_answers_are_read_like_the_engines(monkeypatch):
+    from longctx_core import contract
+    monkeypatch.setenv(engine_load.NETWORKS_ENV, "127.0.0.0/8")
+    endpoint = Endpoint(continued=4)
+    monkeypatch.setattr(contract, "ENDPOINT_PORT", endpoint.port)
+    try:
+        w = Watch(endpoint_pod())
+        w.look()            # running before the watch: its counts so far are the baseline
+        assert w.watch.answers.take(("ns", "cr"), {"continued": 4}) == (
+            {"continued": 4, "givenUp": 0, "servedByPrefillOnly": 0}, [])
+        endpoint.continued = 6
+        w.look()
+        status, events = w.watch.answers.take(("ns", "cr"), None)
+        assert status["continued"] == 6 and w.asked == [("ns", "cr")]
+        (event,) = events
+        assert event[1] == "AnswersContinued" and "stream_broken 2" in event[2]
+        assert w.reported() == []       # every series it should export is there
+    finally:
+        endpoint.server.shutdown()
+        endpoint.server.server_close()

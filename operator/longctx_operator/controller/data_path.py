@@ -166,8 +166,8 @@ def growths(pod: str, role: str, before: dict[str, float], after: dict[str, floa
 
 @dataclass(frozen=True)
 class MissingSeries:
-    """A series the operator reads that an engine rank does not export (engine_watch.py):
-    the operator cannot see that rank's faults, or its load when a drain waits on it."""
+    """A series the operator reads that an engine rank or an endpoint pod does not export
+    (engine_watch.py): the operator cannot see what it counts there."""
 
     pod: str
     uid: str
@@ -176,13 +176,18 @@ class MissingSeries:
     since: datetime.datetime
 
     def fault(self) -> Fault:
-        what = (f"the {FAILURE_COUNTERS[self.series]} faults it counts"
-                if self.series in FAILURE_COUNTERS else "the requests it holds")
+        if self.series in FAILURE_COUNTERS:
+            what = (f"the {FAILURE_COUNTERS[self.series]} faults it counts there (a vLLM "
+                    "that renamed it, or an engine without the NIXL connector)")
+        elif self.series.startswith("vllm:"):
+            what = "the requests it holds, which a drain waits for (a vLLM that renamed it)"
+        else:
+            what = ("the answers it continued or gave up (an endpoint image of another "
+                    "version)")
         return Fault(key=f"{self.uid}/{self.port}/{self.series}", pod=self.pod,
                      reason="MissingSeries", at=self.since, standing=True,
                      message=f"pod {self.pod} exports no {self.series} on port {self.port}: "
-                             f"the operator cannot see {what} there (a vLLM that renamed "
-                             f"it, or an engine without the NIXL connector)")
+                             f"the operator cannot see {what}")
 
 
 class Recorded:

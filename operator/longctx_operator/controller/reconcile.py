@@ -26,7 +26,7 @@ from longctx_core.sizing.scaling import scale_status
 from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan
 
-from longctx_operator.controller import data_path, drain, rollout
+from longctx_operator.controller import answers, data_path, drain, rollout
 from longctx_operator import metrics
 from longctx_operator.controller.routers import Router, router_for
 from longctx_operator.controller.desired import desired_objects
@@ -173,6 +173,10 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
                             previous=previous,
                             rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))
+    answered, answer_events = answers.ANSWERS.take((namespace, name), previous.get("answers"))
+    if answered is not None:
+        status["answers"] = answered
+    outcome.events += answer_events
     cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous,
                           replaced.changed if replaced else ())
     if cause:

@@ -2,6 +2,8 @@
 reconcile's threads, it reads each engine pod's ranks and keeps, per rank, the NIXL fault
 counters and the requests in flight. Faults (controller/data_path.py) and the drain
 (controller/engine_load.py) both read what it publishes; a reconcile never reads an engine.
+It reads the client-facing endpoint's pods the same way (contract.ENDPOINT_PORT), whose
+counters of answers continued and given up go to controller/answers.py.
 
 The pods come from the operator's pod cache; each rank's port is its `vllm-<rank>`
 container port, read at its pod IP inside LONGCTX_ENGINE_METRICS_NETWORKS with a 2 s
@@ -30,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from longctx_core import contract
 
-from longctx_operator.controller import data_path, engine_load
+from longctx_operator.controller import answers, data_path, engine_load
 
 log = logging.getLogger(__name__)
 PERIOD_ENV = "LONGCTX_ENGINE_WATCH_SECONDS"
@@ -39,6 +41,7 @@ PARALLEL_READS = 8
 # Every series the operator reads from an engine rank; each must be there.
 READ_SERIES = (*data_path.FAILURE_COUNTERS, *engine_load.IN_FLIGHT_METRICS)
 CR = tuple[str, str]
+Values = dict[str, float]
 
 
 def page_values(text: str, names: tuple[str, ...] = READ_SERIES) -> dict[str, float]:
@@ -51,21 +54,25 @@ def page_values(text: str, names: tuple[str, ...] = READ_SERIES) -> dict[str, fl
     return out
 
 
-def read_ranks(pod: dict[str, Any]) -> dict[int, Optional[dict[str, float]]]:
-    """{rank port: its series (None: it could not be read)}; {} when the pod has no address
-    the operator may read."""
+def _get(url: str, parse: Callable[[str], Values]) -> Optional[Values]:
+    try:
+        with urllib.request.urlopen(url, timeout=engine_load.SCRAPE_TIMEOUT_SECONDS) as resp:
+            return parse(resp.read().decode())
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def read_ranks(pod: dict[str, Any]) -> dict[int, Optional[Values]]:
+    """{port: its series (None: it could not be read)} of an engine pod's ranks, or of an
+    endpoint pod's one port; {} when the pod has no address the operator may read."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip or not engine_load.may_scrape(ip):
         return {}
-    out: dict[int, Optional[dict[str, float]]] = {}
-    for port in engine_load.engine_ports(pod):
-        try:
-            with urllib.request.urlopen(f"http://{ip}:{port}/metrics",
-                                        timeout=engine_load.SCRAPE_TIMEOUT_SECONDS) as resp:
-                out[port] = page_values(resp.read().decode())
-        except (OSError, ValueError, urllib.error.URLError):
-            out[port] = None
-    return out
+    if _component(pod) == contract.ENDPOINT_COMPONENT:
+        ports, parse = [contract.ENDPOINT_PORT], answers.page_counts
+    else:
+        ports, parse = engine_load.engine_ports(pod), page_values
+    return {port: _get(f"http://{ip}:{port}/metrics", parse) for port in ports}
 
 
 @dataclass(frozen=True)
@@ -83,10 +90,11 @@ class EngineWatch(threading.Thread):
     def __init__(self, pods: Callable[[], list[dict[str, Any]]],
                  fault_seen: Callable[[str, str], None], period: float | None = None,
                  loads: engine_load.Loads = engine_load.LOADS,
-                 recorded: data_path.Recorded = data_path.RECORDED):
+                 recorded: data_path.Recorded = data_path.RECORDED,
+                 answers_: answers.Answers = answers.ANSWERS):
         super().__init__(daemon=True, name="engine-watch")
         self.pods, self.fault_seen = pods, fault_seen
-        self.loads, self.recorded = loads, recorded
+        self.loads, self.recorded, self.answers = loads, recorded, answers_
         self.period = period if period is not None else float(
             os.environ.get(PERIOD_ENV, DEFAULT_PERIOD_SECONDS))
         self.stopping = threading.Event()
@@ -103,11 +111,10 @@ class EngineWatch(threading.Thread):
                     log.exception("engine watch")
 
     def look(self, map_: Callable = map) -> list[data_path.Growth]:
-        """Reads every engine pod once; publishes the loads, records the counters that
-        grew and the series missing, and returns the growths."""
+        """Reads every engine and endpoint pod once; publishes the loads, records the
+        counters that grew and the series missing, and returns the engines' growths."""
         pods = [p for p in self.pods() if _cr(p) is not None
-                and (p["metadata"].get("labels") or {}).get(contract.COMPONENT_LABEL)
-                in contract.ROLES]
+                and _component(p) in (*contract.ROLES, contract.ENDPOINT_COMPONENT)]
         now = datetime.datetime.now(datetime.timezone.utc)
         uids = {engine_load.pod_uid(p) for p in pods}
         baselines = {k: b for k, b in self._baselines.items() if k[0] in uids}
@@ -119,36 +126,26 @@ class EngineWatch(threading.Thread):
         for pod, ranks in zip(pods, map_(read_ranks, pods)):
             cr, uid = _cr(pod), engine_load.pod_uid(pod)
             assert cr is not None
-            restarts = _restarts(pod)
-            before_all: dict[str, float] = {}
-            after_all: dict[str, float] = {}
-            for port, values in ranks.items():
-                if values is None:
-                    continue    # its baseline, and what it lacked, stay for the next read
-                for series in READ_SERIES:
-                    if series in values:
-                        missing_since.pop((uid, port, series), None)
-                    else:
-                        missing_since.setdefault((uid, port, series), now)
-                counters = {m: v for m, v in values.items() if m in data_path.FAILURE_COUNTERS}
-                before = self._before(pod, baselines.get((uid, port)), restarts, counters)
-                baselines[(uid, port)] = Baseline(restarts, counters)
-                if before is None:
-                    continue
-                for metric, value in counters.items():
-                    after_all[metric] = after_all.get(metric, 0.0) + value
-                    before_all[metric] = before_all.get(metric, 0.0) + before.get(metric, 0.0)
+            before_all, after_all = self._compare(pod, ranks, baselines, missing_since, now)
+            meta = pod["metadata"]
+            missing.setdefault(cr, []).extend(
+                data_path.MissingSeries(meta["name"], uid, port, series, since)
+                for (u, port, series), since in sorted(missing_since.items()) if u == uid)
+            if _component(pod) == contract.ENDPOINT_COMPONENT:
+                answered = {k: v - before_all[k] for k, v in after_all.items()
+                            if v > before_all[k]}
+                if any(v is not None for v in ranks.values()):
+                    self.answers.add(cr, answered)
+                if answered:
+                    touched.add(cr)
+                continue
             in_flight = [sum(v.get(m, 0.0) for m in engine_load.IN_FLIGHT_METRICS)
                          if v is not None else None for v in ranks.values()]
             loads[uid] = engine_load.PodLoad(
                 sum(in_flight) if ranks and None not in in_flight else None,  # type: ignore
                 engine_load.ready(pod), now)
-            meta = pod["metadata"]
-            missing.setdefault(cr, []).extend(
-                data_path.MissingSeries(meta["name"], uid, port, series, since)
-                for (u, port, series), since in sorted(missing_since.items()) if u == uid)
-            grown = data_path.growths(meta["name"], meta["labels"][contract.COMPONENT_LABEL],
-                                      before_all, after_all, now)
+            grown = data_path.growths(meta["name"], _component(pod) or "", before_all,
+                                      after_all, now)
             for growth in grown:
                 self.recorded.add(cr, growth)
             if grown:
@@ -160,6 +157,35 @@ class EngineWatch(threading.Thread):
         for cr in sorted(touched):
             self.fault_seen(*cr)
         return seen
+
+    def _compare(self, pod: dict[str, Any], ranks: dict[int, Optional[Values]],
+                 baselines: dict[tuple[str, int], Baseline],
+                 missing_since: dict[tuple[str, int, str], datetime.datetime],
+                 now: datetime.datetime) -> tuple[Values, Values]:
+        """The pod's counters before and after, summed over the ranks read whose growth
+        counts; records each rank's new baseline and the series it lacks."""
+        uid, restarts = engine_load.pod_uid(pod), _restarts(pod)
+        endpoint = _component(pod) == contract.ENDPOINT_COMPONENT
+        before_all: Values = {}
+        after_all: Values = {}
+        for port, values in ranks.items():
+            if values is None:
+                continue    # its baseline, and what it lacked, stay for the next read
+            for series in answers.SERIES if endpoint else READ_SERIES:
+                if series in values:
+                    missing_since.pop((uid, port, series), None)
+                else:
+                    missing_since.setdefault((uid, port, series), now)
+            counters = values if endpoint else {
+                m: v for m, v in values.items() if m in data_path.FAILURE_COUNTERS}
+            before = self._before(pod, baselines.get((uid, port)), restarts, counters)
+            baselines[(uid, port)] = Baseline(restarts, counters)
+            if before is None:
+                continue
+            for metric, value in counters.items():
+                after_all[metric] = after_all.get(metric, 0.0) + value
+                before_all[metric] = before_all.get(metric, 0.0) + before.get(metric, 0.0)
+        return before_all, after_all
 
     def _before(self, pod: dict[str, Any], baseline: Optional[Baseline], restarts: int,
                 counters: dict[str, float]) -> Optional[dict[str, float]]:
@@ -178,6 +204,10 @@ def _cr(pod: dict[str, Any]) -> Optional[CR]:
     if not name or meta.get("deletionTimestamp"):
         return None   # a pod going away on purpose (a drain, a rollout) is not read
     return meta["namespace"], name
+
+
+def _component(pod: dict[str, Any]) -> Optional[str]:
+    return (pod["metadata"].get("labels") or {}).get(contract.COMPONENT_LABEL)
 
 
 def _restarts(pod: dict[str, Any]) -> int:
