@@ -21,19 +21,18 @@ NOTIFY = "vllm:nixl_num_failed_notifications_total"
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 
 
-class Engine:
-    """One engine rank's /metrics: every series vLLM 0.32 registers for the operator's
-    reads, at the values a test sets; a series set to None is not exported."""
+class MetricsServer:
+    """A `/metrics` page on a loopback port, from the subclass's `page()`; 503 while
+    `down`, as an engine still loading its model."""
 
     def __init__(self) -> None:
-        self.values: dict[str, float | None] = dict.fromkeys(engine_watch.READ_SERIES, 0.0)
-        self.down = False     # answers 503, as an engine still loading its model
-        engine = self
+        self.down = False
+        server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                body = engine.page().encode()
-                self.send_response(503 if engine.down else 200)
+                body = server.page().encode()
+                self.send_response(503 if server.down else 200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -44,6 +43,18 @@ class Engine:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def page(self) -> str:
+        raise NotImplementedError
+
+
+class Engine(MetricsServer):
+    """One engine rank's /metrics: every series vLLM 0.32 registers for the operator's
+    reads, at the values a test sets; a series set to None is not exported."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float | None] = dict.fromkeys(engine_watch.READ_SERIES, 0.0)
+        super().__init__()
 
     def page(self) -> str:
         lines = []
@@ -211,27 +222,12 @@ def test_a_pod_outside_the_allowed_networks_is_never_read(ranks, monkeypatch):
     assert engine_watch.read_ranks(engine_pod([ranks[0].port])) == {}
 
 
-class Endpoint:
-    """An endpoint pod's /metrics on a loopback port, its counters as a test sets them."""
+class Endpoint(MetricsServer):
+    """An endpoint pod's /metrics, its counters as a test sets them."""
 
     def __init__(self, continued: float = 0.0) -> None:
         self.continued = continued
-        endpoint = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                body = endpoint.page().encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
     def page(self) -> str:
         return ('longctx_endpoint_requests_total{route="pd"} 4\n'
