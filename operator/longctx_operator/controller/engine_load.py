@@ -107,7 +107,7 @@ class IdleTracker:
         self._since: dict[str, datetime.datetime] = {}
 
     def look(self, pods: list[dict[str, Any]], now: datetime.datetime,
-             loads: Loads = LOADS) -> dict[str, float]:
+             loads: Optional[Loads] = None) -> dict[str, float]:
         """{pod name: seconds between the first and the last idle reading}, for the pods
         idle at every reading taken since the drain first looked at them; busy pods, and
         pods not read since, are left out. Only these pods are remembered: one that drains
@@ -118,7 +118,7 @@ class IdleTracker:
         for pod in pods:
             uid = pod_uid(pod)
             first[uid] = self._first_look.get(uid, now)
-            reading = loads.of(pod)
+            reading = (loads or LOADS).of(pod)
             if reading is None or reading.read_at < first[uid] or not reading.idle:
                 continue
             since[uid] = self._since.get(uid, reading.read_at)
