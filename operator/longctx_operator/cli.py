@@ -24,8 +24,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from longctx_core.sizing import hardware, performance
     from longctx_core.sizing.decider import disaggregation_report
     from longctx_core.sizing.plan_report import (render_compare, render_disaggregation,
-                                                 render_performance, render_performance_line,
-                                                 render_table)
+                                                 render_decode_loss, render_performance,
+                                                 render_performance_line, render_table)
     from longctx_core.sizing.planner import plan
     from longctx_operator.controller.routers import router_for
 
@@ -70,6 +70,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         text = render_table(capacity)
         text += render_performance_line(perf) if workload is None else \
             "\n" + render_performance(perf)
+        text += render_decode_loss(perf)
         router = router_for(spec)
         text += render_disaggregation(decision, spec.router.type, router.decides_disaggregation)
         if rows is not None:

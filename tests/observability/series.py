@@ -25,6 +25,7 @@ DEPLOYMENT = "glm"
 MODEL = "glm-5.3"
 DECODE_RANKS = 8
 PICKER_POD = f"{DEPLOYMENT}-epp-7d9c6b5f4-q2x8z"
+ENDPOINT_PODS = (f"{DEPLOYMENT}-endpoint-6f8b9c7d5-h7k2m", f"{DEPLOYMENT}-endpoint-6f8b9c7d5-p9r4t")
 OPERATOR_NAMESPACE = "longctx-system"
 OPERATOR_POD = "longctx-5b7d8c9f6-k4m2p"
 CONCURRENCY = (8, 16, 32, 64)    # one stage per quarter hour
@@ -42,6 +43,7 @@ SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 QUEUE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+PAUSE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 # The seed's figures where it gives them (29.6 tok/s per user at c64; median TTFT 0.8-0.9 s),
 # smooth guesses in between.
@@ -262,6 +264,45 @@ def picker_families() -> list[Family]:
     ]
 
 
+def endpoint_families() -> list[Family]:
+    """The client-facing endpoint's two replicas. The decode pod dies at 41 min: the answers
+    it streamed are continued, and until it is Ready again (a minute) new requests are
+    served by prefill alone; two answers are given up when their attempts run out."""
+    def down(t: float) -> bool:
+        return 2460 <= t - START < 2520
+
+    def per_pod(fn: Callable[[float], float]) -> Callable[[float], float]:
+        return lambda t: fn(t) / len(ENDPOINT_PODS)
+
+    bases = [{"namespace": NAMESPACE, "pod": pod, "job": f"{NAMESPACE}/{DEPLOYMENT}-endpoint"}
+             for pod in ENDPOINT_PODS]
+    return [
+        Family("longctx_endpoint_requests", "counter", [
+            ({**b, "route": route}, per_pod((lambda route: lambda t: requests_per_s(t) if
+                                             (route == "prefill_only") == down(t) else 0.0)
+                                            (route)))
+            for b in bases for route in ("pd", "prefill_only")]),
+        Family("longctx_endpoint_answers_continued", "counter", [
+            (b, per_pod(lambda t: users(t) / 60 if down(t) else 0.0)) for b in bases]),
+        Family("longctx_endpoint_continuation_attempts", "counter", [
+            ({**b, "reason": reason}, per_pod((lambda reason: lambda t: users(t) / 60 if
+                                               down(t) and reason == "no_finish_reason"
+                                               else 0.0)(reason)))
+            for b in bases for reason in ("stream_broken", "no_finish_reason",
+                                          "failed_before_first_token",
+                                          "upstream_unreachable")]),
+        Family("longctx_endpoint_continuation_pause_seconds", "histogram", [
+            (b, lambda t: (users(t) / 120 if down(t) else 0.0, 0.6)) for b in bases],
+            PAUSE_BUCKETS, 0.5),
+        Family("longctx_endpoint_answers_given_up", "counter", [
+            ({**b, "reason": reason}, (lambda reason: lambda t: 1 / 60 if
+                                       down(t) and reason == "attempts_exhausted" else 0.0)
+             (reason))
+            for b in bases for reason in ("attempts_exhausted", "time_exhausted",
+                                          "not_continuable", "refused")]),
+    ]
+
+
 def operator_families() -> list[Family]:
     base = {"namespace": OPERATOR_NAMESPACE, "pod": OPERATOR_POD,
             "job": f"{OPERATOR_NAMESPACE}/longctx"}
@@ -310,7 +351,7 @@ def rollout_phase(t: float) -> str:
 
 
 def families() -> list[Family]:
-    return vllm_families() + picker_families() + operator_families()
+    return vllm_families() + picker_families() + endpoint_families() + operator_families()
 
 
 def openmetrics() -> str:

@@ -127,7 +127,18 @@ def operator_metrics() -> dict[str, str]:
 
     import longctx_operator.metrics  # noqa: F401  registers the families
 
-    return {fam.name: fam.type for fam in REGISTRY.collect() if fam.name.startswith("longctx_")}
+    return {fam.name: fam.type for fam in REGISTRY.collect() if fam.name.startswith("longctx_")
+            and not fam.name.startswith("longctx_endpoint_")}
+
+
+def endpoint_metrics() -> dict[str, str]:
+    """Families the client-facing endpoint registers (importing its metrics module)."""
+    from prometheus_client import REGISTRY
+
+    import longctx_endpoint.metrics  # noqa: F401  registers the families
+
+    return {fam.name: fam.type for fam in REGISTRY.collect()
+            if fam.name.startswith("longctx_endpoint_")}
 
 
 def gie_module_dir() -> Path:

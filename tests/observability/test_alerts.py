@@ -16,7 +16,8 @@ FAULT_TESTS = Path(__file__).with_name("fault-alerts-test.yaml")
 ALERTS = {"LongctxKVTransferFailures", "LongctxKVLoadFailedRequests", "LongctxKVLeaseExpired",
           "LongctxKVReadAfterExpiry", "LongctxTTFTBudgetBurnFast", "LongctxTTFTBudgetBurnSlow",
           "LongctxDecodeHostPoolNearFull", "LongctxEngineCrashLooping", "LongctxEngineRestarted",
-          "LongctxRolloutStuck", "LongctxRolloutSlow", "LongctxReconcileErrors"}
+          "LongctxRolloutStuck", "LongctxRolloutSlow", "LongctxReconcileErrors",
+          "LongctxAnswersContinued", "LongctxAnswersLost", "LongctxServedByPrefillOnly"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

@@ -77,19 +77,21 @@ def test_plain_plan_is_the_capacity_table_plus_performance_and_threshold_lines()
     from longctx_core.api import spec as api
     from longctx_core.sizing import performance, planner
     from longctx_core.sizing.decider import disaggregation_report
-    from longctx_core.sizing.plan_report import (render_disaggregation, render_performance_line,
-                                                 render_table)
+    from longctx_core.sizing.plan_report import (render_decode_loss, render_disaggregation,
+                                                 render_performance_line, render_table)
 
     spec = api.load_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
     from longctx_operator.controller.routers import router_for
 
-    expected = render_table(planner.plan(spec)) + render_performance_line(
-        performance.summary_at_max_context(spec)) + render_disaggregation(
+    perf = performance.summary_at_max_context(spec)
+    expected = render_table(planner.plan(spec)) + render_performance_line(perf) + \
+        render_decode_loss(perf) + render_disaggregation(
         disaggregation_report(spec), spec.router.type, router_for(spec).decides_disaggregation)
     out = longctx("plan", "-f", str(EXAMPLE))
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected + "\n"
     assert out.stdout.count("Performance") == 1
+    assert "Decode loss at 1,048,576 tokens" in out.stdout
 
 
 def test_plan_with_a_workload_prints_and_emits_the_performance(tmp_path):
@@ -105,6 +107,9 @@ def test_plan_with_a_workload_prints_and_emits_the_performance(tmp_path):
     assert {"seconds", "bound", "dcpOverheadPercent"} <= set(perf["prefill"])
     assert {"stepSeconds", "tokensPerSecondPerUser", "tokensPerSecondPerGpu", "bound"} <= set(
         perf["decode"])
+    loss = perf["decodeLoss"]       # at the end of the 1,000-token answer
+    assert (loss["contextTokens"], loss["generatedTokens"]) == (132072, 1000)
+    assert "Decode loss at 132,072 tokens (1,000 generated)" in table.stdout
     slow = tmp_path / "slow.json"
     slow.write_text(json.dumps({"name": "slow", "hbmBytesPerS": 1e12}))
     slower = json.loads(longctx(*args, "-o", "json", "--hardware", str(slow)).stdout)

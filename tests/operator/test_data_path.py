@@ -81,3 +81,35 @@ def test_a_pod_being_deleted_is_no_fault():
     leaving = pod("decode", 1, "2026-12-04T11:59:50Z")
     leaving["metadata"]["deletionTimestamp"] = "2026-12-04T11:59:49Z"
     assert data_path.restarted([leaving], NOW, "fail") == []
+
+
+def test_each_counter_fault_says_what_its_counter_counts():
+    """As the chart's alerts say: an expired lease is KV no decode read (no wrong token);
+    a read after expiry is the one that may build an answer on freed KV."""
+    expired = data_path.Growth("p-0", "prefill", "vllm:nixl_num_kv_expired_reqs_total", 1,
+                               NOW).fault("fail")
+    assert "not read by any decode engine within the KV lease" in expired.message
+    assert "may be wrong" not in expired.message and "another request" not in expired.message
+    late = data_path.Growth("p-0", "prefill", "vllm:nixl_num_notifications_after_expiry_total",
+                            1, NOW).fault("fail")
+    assert late.reason == "KVReadAfterExpiry" and "another request's KV" in late.message
+
+
+def test_a_failed_notification_counted_in_both_counters_is_one_fault():
+    before = dict.fromkeys(data_path.FAILURE_COUNTERS, 0.0)
+    after = {**before, "vllm:nixl_num_failed_transfers_total": 3.0,
+             "vllm:nixl_num_failed_notifications_total": 1.0}
+    grew = {g.metric: g.grew_by for g in data_path.growths("d-0", "decode", before, after, NOW)}
+    assert grew == {"vllm:nixl_num_failed_transfers_total": 2.0,
+                    "vllm:nixl_num_failed_notifications_total": 1.0}
+
+
+def test_a_standing_fault_holds_the_condition_with_no_timer():
+    missing = data_path.MissingSeries("d-0", "u", 8000, "vllm:num_requests_running", NOW)
+    passing = data_path.Growth("d-0", "decode", "vllm:nixl_num_failed_transfers_total", 1,
+                               NOW).fault("fail")
+    cond, clears_in = data_path.condition([missing.fault()], NOW)
+    assert cond["reason"] == "MissingSeries" and clears_in is None
+    assert "the requests it holds" in cond["message"]
+    _, clears_in = data_path.condition([missing.fault(), passing], NOW)
+    assert clears_in == data_path.FAULT_HOLD_SECONDS + 1

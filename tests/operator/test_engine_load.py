@@ -1,13 +1,10 @@
-"""Reading a draining pod's requests from its engines' /metrics (engine_load.py), against
-real HTTP servers on 127.0.0.1 that serve vLLM's metric page."""
+"""What a draining pod holds, from the engine watch's readings (engine_load.py): idle,
+and since when at every reading the drain saw."""
 
 from __future__ import annotations
 
 import datetime
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,118 +13,58 @@ from longctx_operator.controller import engine_load
 NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 
 
-def vllm_page(running: float, waiting: float) -> str:
-    """The lines vLLM 0.32 exports for its scheduler, around others it also exports."""
-    return f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{{engine="0",model_name="tiny-mla"}} {running}
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{{engine="0",model_name="tiny-mla"}} {waiting}
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{{engine="0",model_name="tiny-mla"}} 0.25
-# HELP vllm:request_success_total Count of successfully processed requests.
-# TYPE vllm:request_success_total counter
-vllm:request_success_total{{engine="0",finished_reason="length",model_name="tiny-mla"}} 7.0
-"""
+def pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": f"uid-{name}"}}
 
 
-class Engine:
-    """One engine rank's /metrics, with the counts a test sets."""
-
-    def __init__(self) -> None:
-        self.running, self.waiting = 0.0, 0.0
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                body = vllm_page(engine.running, engine.waiting).encode()
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def reading(in_flight, at: datetime.datetime, ready: bool = True) -> engine_load.PodLoad:
+    return engine_load.PodLoad(in_flight, ready, at)
 
 
-@pytest.fixture
-def ranks() -> Iterator[list[Engine]]:
-    engines = [Engine(), Engine()]
-    yield engines
-    for e in engines:
-        e.server.shutdown()
-        e.server.server_close()
+def later(seconds: float) -> datetime.datetime:
+    return NOW + datetime.timedelta(seconds=seconds)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_a_pod_is_idle_when_its_ranks_hold_nothing_or_it_is_gone():
+    assert reading(0, NOW).idle and not reading(3, NOW).idle
+    # A rank that cannot be read: the engine is gone only when the pod is not Ready either.
+    assert not reading(None, NOW, ready=True).idle
+    assert reading(None, NOW, ready=False).idle
 
 
-def pod(name: str, ports: list[int], ready: bool = True) -> dict[str, Any]:
-    """An engine pod as builders/engine.py names its ports (vllm-<rank>, nixl-<rank>)."""
-    return {"metadata": {"name": name, "uid": f"uid-{name}"},
-            "spec": {"containers": [{"name": "engine", "ports": [
-                *({"name": f"vllm-{i}", "containerPort": p} for i, p in enumerate(ports)),
-                {"name": "nixl-0", "containerPort": closed_port()}]}]},
-            "status": {"podIP": "127.0.0.1", "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False"}]}}
-
-
-def test_running_and_waiting_requests_of_every_rank_are_summed(ranks):
-    ranks[0].running, ranks[1].waiting = 2, 1
-    assert engine_load.pod_in_flight(pod("d-0", [r.port for r in ranks])) == 3
-    assert not engine_load.pod_idle(pod("d-0", [r.port for r in ranks]))
-    ranks[0].running, ranks[1].waiting = 0, 0
-    assert engine_load.pod_idle(pod("d-0", [r.port for r in ranks]))
-
-
-def test_the_other_metrics_of_the_page_count_for_nothing():
-    assert engine_load.in_flight(vllm_page(0, 0)) == 0
-    assert engine_load.in_flight(vllm_page(1, 4)) == 5
-
-
-def test_a_pod_that_cannot_be_read_is_idle_only_when_not_ready(ranks):
-    gone = [ranks[0].port, closed_port()]     # one rank answers, the other is gone
-    assert engine_load.pod_in_flight(pod("d-0", gone)) is None
-    assert not engine_load.pod_idle(pod("d-0", gone, ready=True))
-    assert engine_load.pod_idle(pod("d-0", gone, ready=False))
-    no_ip = pod("d-1", [ranks[0].port], ready=False)
-    del no_ip["status"]["podIP"]
-    assert engine_load.pod_idle(no_ip)
-
-
-def test_the_tracker_counts_idle_seconds_from_the_first_idle_look(ranks):
+def test_the_tracker_counts_idle_seconds_between_readings_taken_since_its_first_look():
+    loads = engine_load.Loads()
+    p = pod("d-0")
+    loads.publish({"uid-d-0": reading(0, later(-3))})      # read before the drain began
     tracker = engine_load.IdleTracker()
-    p = pod("d-0", [ranks[0].port])
-    assert tracker.look([p], NOW) == {"d-0": 0.0}
-    assert tracker.look([p], NOW + datetime.timedelta(seconds=6)) == {"d-0": 6.0}
-    ranks[0].running = 1       # a request arrives: the pod is busy, the count starts over
-    assert tracker.look([p], NOW + datetime.timedelta(seconds=7)) == {}
-    ranks[0].running = 0
-    assert tracker.look([p], NOW + datetime.timedelta(seconds=9)) == {"d-0": 0.0}
+    assert tracker.look([p], NOW, loads) == {}
+    loads.publish({"uid-d-0": reading(0, later(1))})
+    assert tracker.look([p], later(2), loads) == {"d-0": 0.0}
+    loads.publish({"uid-d-0": reading(0, later(6))})
+    assert tracker.look([p], later(7), loads) == {"d-0": 5.0}
+    loads.publish({"uid-d-0": reading(1, later(11))})  # a request arrives: it starts over
+    assert tracker.look([p], later(12), loads) == {}
+    loads.publish({"uid-d-0": reading(0, later(16))})
+    assert tracker.look([p], later(17), loads) == {"d-0": 0.0}
 
 
-def test_a_pod_no_longer_looked_at_is_forgotten(ranks):
+def test_a_pod_no_longer_looked_at_is_forgotten():
+    loads = engine_load.Loads()
+    p = pod("d-0")
     tracker = engine_load.IdleTracker()
-    p = pod("d-0", [ranks[0].port])
-    tracker.look([p], NOW)
-    tracker.look([], NOW + datetime.timedelta(seconds=3))
-    assert tracker.look([p], NOW + datetime.timedelta(seconds=10)) == {"d-0": 0.0}
+    tracker.look([p], NOW, loads)
+    loads.publish({"uid-d-0": reading(0, later(1))})
+    assert tracker.look([p], later(1), loads) == {"d-0": 0.0}
+    tracker.look([], later(3), loads)
+    loads.publish({"uid-d-0": reading(0, later(6))})
+    assert tracker.look([p], later(7), loads) == {}     # its readings before count no more
 
 
-def test_pods_outside_the_allowed_networks_are_not_contacted(ranks, monkeypatch):
+def test_pods_outside_the_allowed_networks_are_not_contacted(monkeypatch):
     monkeypatch.setenv(engine_load.NETWORKS_ENV, "10.0.0.0/8, fd00::/8")
-    assert engine_load.pod_in_flight(pod("d-0", [ranks[0].port])) is None
+    assert not engine_load.may_scrape("127.0.0.1")
     monkeypatch.setenv(engine_load.NETWORKS_ENV, "10.0.0.0/8,127.0.0.0/8")
-    assert engine_load.pod_in_flight(pod("d-0", [ranks[0].port])) == 0
+    assert engine_load.may_scrape("127.0.0.1")
 
 
 def test_a_bad_network_is_refused_naming_the_variable(monkeypatch):

@@ -245,7 +245,9 @@ def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch)
     """A router pod of the old template, still terminating, serves whoever holds its
     address: the old decode pod stays until it is gone, though its engine is idle."""
     from longctx_operator.controller import engine_load
-    monkeypatch.setattr(engine_load, "pod_idle", lambda pod, timeout=0: True)
+    # The engine watch read every pod idle just now, at each reconcile's time.
+    monkeypatch.setattr(engine_load.LOADS, "of", lambda pod: engine_load.PodLoad(
+        0.0, True, reconcile_module._utcnow()))
     fake = FakeCluster(nodes=[node("node-a")])
     cr = deploy(fake)
     cr["spec"]["rollout"] = {"drainSeconds": 300}

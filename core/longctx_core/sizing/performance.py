@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from longctx_core.sizing import planner
+from longctx_core.sizing.decode_loss import decode_loss, generated_tokens
 from longctx_core.sizing.cost_terms import PREFILL_CHUNK_TOKENS, model_shape
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.sizing.hardware import H200, HardwareProfile
@@ -122,6 +123,11 @@ def predict(spec: LongContextDeploymentSpec, workload: Workload,
             "partsSeconds": _rounded(step.costs.terms),
         },
     }
+    # The loss at the end of the workload's answer (at max context: its last token).
+    context = workload.prompt_tokens + workload.output_tokens
+    out["decodeLoss"] = decode_loss(spec, shape, hw, context,
+                                    generated_tokens(context, workload.output_tokens),
+                                    workload.concurrency)
     if workload.output_tokens:
         out["requestSeconds"] = round(ttft + workload.output_tokens / per_user, 3) \
             if per_user else None

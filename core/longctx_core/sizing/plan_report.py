@@ -154,6 +154,31 @@ def render_performance_line(perf: Optional[dict[str, Any]]) -> str:
             f"concurrent ({dec['bound']}-bound)\n")
 
 
+def render_decode_loss(perf: Optional[dict[str, Any]]) -> str:
+    """What a client pays when its decode engine dies (performance.decodeLoss), in words."""
+    if perf is None:
+        return ""
+    loss = perf["decodeLoss"]
+    alone = loss["prefillOnly"]
+    source = (f"its {loss['contextTokens'] - loss['generatedTokens']:,}-token prefix read "
+              f"back from prefill's CPU offload in {_seconds(loss['prefixLoadSeconds'])}"
+              if loss["prefixInCpuOffload"] else
+              "its prefix does not fit a prefill rank's CPU offload, so it is prefilled again")
+    speed = "-" if alone["speedOfPd"] is None else f"{alone['speedOfPd']:.2f}x"
+    text = (f"Decode loss at {loss['contextTokens']:,} tokens ({loss['generatedTokens']:,} "
+            f"generated): the answer continues on another decode after a "
+            f"{_seconds(loss['pauseSeconds'])} pause ({source}, the generated tokens "
+            f"prefilled in {_seconds(loss['replayPrefillSeconds'])}, NIXL "
+            f"{_seconds(loss['kvTransferSeconds'])}), against "
+            f"{_seconds(loss['fullReprefillPauseSeconds'])} for a full re-prefill. With no "
+            f"decode Ready, prefill serves alone ({alone['layout'].split(';')[0]}): a "
+            f"{_seconds(alone['pauseSeconds'])} pause, then "
+            f"{_rate(alone['tokensPerSecondPerUser'])} tok/s/user at {perf['concurrency']} "
+            f"concurrent ({alone['bound']}-bound, {alone['requestsHeld']} held; {speed} the "
+            f"P/D speed)")
+    return "\n".join(textwrap.wrap(text, width=100, subsequent_indent="  ")) + "\n"
+
+
 def render_performance(perf: Optional[dict[str, Any]]) -> str:
     """The performance section of `longctx plan --prompt-tokens N`."""
     if perf is None:

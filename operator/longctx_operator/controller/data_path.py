@@ -4,9 +4,11 @@ Two sources:
 - each engine pod's status: an engine container that exited and was restarted (its last
   termination's reason, exit code and time);
 - each engine rank's vLLM `/metrics`, read every few seconds off the reconcile thread
-  (runtime/engine_watch.py): NIXL transfers that failed, notifications that failed, and KV
-  that prefill freed before decode read it (its lease expired). A counter that grows between
-  two reads is a fault at the second read.
+  (runtime/engine_watch.py): NIXL transfers that failed, notifications that failed, KV
+  that prefill freed unread when its lease expired, and reads that finished after it. A
+  counter that grows between two reads of the same engine is a fault at the second read;
+  a fault counter or in-flight gauge a rank does not export at all is a fault of its own
+  (MissingSeries), since the operator cannot see that rank's faults or load.
 
 A fault is reported once, as a Warning Event naming the pod, the fault and what the
 deployment's clients saw, and the `DataPathHealthy` condition stays False until no fault has
@@ -31,12 +33,27 @@ FAULT_HOLD_SECONDS = 300.0
 CONDITION = "DataPathHealthy"
 HEALTHY = "NoRecentFault"
 # vLLM's NIXL counters (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py), by the
-# fault each counts.
+# fault each counts. vLLM registers them at engine start, at 0, on every engine with a KV
+# connector.
 FAILURE_COUNTERS = {
     "vllm:nixl_num_failed_transfers_total": "KVTransferFailed",
     "vllm:nixl_num_failed_notifications_total": "KVNotificationFailed",
     "vllm:nixl_num_kv_expired_reqs_total": "KVLeaseExpired",
     "vllm:nixl_num_notifications_after_expiry_total": "KVReadAfterExpiry",
+}
+# vLLM counts a failed notification in the failed transfers too: a transfer fault is the
+# rest of that counter's growth.
+COUNTED_WITHIN = {"vllm:nixl_num_failed_transfers_total":
+                  "vllm:nixl_num_failed_notifications_total"}
+# What each counter counts, for the fault's message (vLLM's help text and the chart's alerts).
+COUNTS = {
+    "KVTransferFailed": "KV reads over NIXL (or their handshakes) failed",
+    "KVNotificationFailed": "decode read a request's KV but could not tell prefill it was "
+                            "done, so prefill holds the blocks until their lease expires",
+    "KVLeaseExpired": "prefilled requests' KV was not read by any decode engine within the "
+                      "KV lease (kv_lease_duration), so prefill freed the blocks",
+    "KVReadAfterExpiry": "decode finished reading KV blocks whose lease had already expired "
+                         "on prefill, which may have reused them by then",
 }
 
 
@@ -47,6 +64,7 @@ class Fault:
     reason: str              # EngineRestarted, KVTransferFailed, KVNotificationFailed, ...
     at: datetime.datetime
     message: str             # what happened and what the clients saw
+    standing: bool = False   # holds while its cause lasts, not FAULT_HOLD_SECONDS
 
 
 def _parse_time(text: Optional[str]) -> Optional[datetime.datetime]:
@@ -73,10 +91,18 @@ def clients_saw(reason: str, role: str, policy: str) -> str:
                    if policy == "fail" else "were recomputed on decode (slower, no error)")
                 + "; new requests went to the other prefill pods, or got HTTP 503 from "
                   "vllm-router while none was Ready")
-    if reason in ("KVLeaseExpired", "KVReadAfterExpiry"):
-        return ("decode read KV that prefill had already freed, and the client got a whole "
-                "answer with no error (its tokens may be wrong): raise the KV lease "
-                "(the performance model's longest step) or look for a stalled decode")
+    if reason == "KVNotificationFailed":
+        return ("the answers were whole (decode had the KV); prefill's KV memory stays "
+                "taken until the lease expires, which may then count as KVLeaseExpired")
+    if reason == "KVLeaseExpired":
+        return ("no client is told by this count alone: those requests' decode legs never "
+                "read their KV (a decode engine died, stalled or queued them too long), and "
+                "a late read shows as KVReadAfterExpiry; look at the decode pods' restarts "
+                "and queue")
+    if reason == "KVReadAfterExpiry":
+        return ("those answers may be built on another request's KV, with no error to the "
+                "client: raise the KV lease (the performance model's longest step) or "
+                "relieve the decode pods")
     if policy == "fail":
         return "each such request ended with an error event in its HTTP 200 stream and no token"
     return "decode recomputed each such prompt itself (slower, no error)"
@@ -120,16 +146,48 @@ class Growth:
 
     def fault(self, policy: str) -> Fault:
         reason = FAILURE_COUNTERS[self.metric]
-        what = {"KVTransferFailed": "KV transfers failed",
-                "KVNotificationFailed": "NIXL notifications to prefill failed",
-                "KVLeaseExpired": "requests' KV expired on prefill before decode read it",
-            "KVReadAfterExpiry": "KV reads arrived after prefill's lease expired"}[reason]
         return Fault(key=f"{self.pod}/{self.metric}/{self.at.isoformat()}", pod=self.pod,
                      reason=reason, at=self.at,
-                     message=f"{self.grew_by:.0f} {what} on {self.role} pod {self.pod} "
-                             f"({self.metric} +{self.grew_by:.0f}, read at "
-                             f"{self.at.strftime('%Y-%m-%dT%H:%M:%SZ')}): "
-                             + clients_saw(reason, self.role, policy))
+                     message=f"{self.metric} +{self.grew_by:.0f} on {self.role} pod "
+                             f"{self.pod} (read at {self.at.strftime('%Y-%m-%dT%H:%M:%SZ')})"
+                             f": {COUNTS[reason]}; " + clients_saw(reason, self.role, policy))
+
+
+def growths(pod: str, role: str, before: dict[str, float], after: dict[str, float],
+            at: datetime.datetime) -> list[Growth]:
+    """The fault counters that grew from `before` to `after` (one engine's reads), a
+    counter that holds another's counts less that one's growth."""
+    grew = {m: after[m] - before.get(m, 0.0) for m in after if after[m] > before.get(m, 0.0)}
+    for metric, within in COUNTED_WITHIN.items():
+        if metric in grew:
+            grew[metric] -= grew.get(within, 0.0)
+    return [Growth(pod, role, m, by, at) for m, by in grew.items() if by > 0]
+
+
+@dataclass(frozen=True)
+class MissingSeries:
+    """A series the operator reads that an engine rank or an endpoint pod does not export
+    (engine_watch.py): the operator cannot see what it counts there."""
+
+    pod: str
+    uid: str
+    port: int
+    series: str
+    since: datetime.datetime
+
+    def fault(self) -> Fault:
+        if self.series in FAILURE_COUNTERS:
+            what = (f"the {FAILURE_COUNTERS[self.series]} faults it counts there (a vLLM "
+                    "that renamed it, or an engine without the NIXL connector)")
+        elif self.series.startswith("vllm:"):
+            what = "the requests it holds, which a drain waits for (a vLLM that renamed it)"
+        else:
+            what = ("the answers it continued or gave up (an endpoint image of another "
+                    "version)")
+        return Fault(key=f"{self.uid}/{self.port}/{self.series}", pod=self.pod,
+                     reason="MissingSeries", at=self.since, standing=True,
+                     message=f"pod {self.pod} exports no {self.series} on port {self.port}: "
+                             f"the operator cannot see {what}")
 
 
 class Recorded:
@@ -139,11 +197,26 @@ class Recorded:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._growths: dict[tuple[str, str], list[Growth]] = {}
+        self._missing: dict[tuple[str, str], list[MissingSeries]] = {}
         self._reported: dict[tuple[str, str], set[str]] = {}
 
     def add(self, cr: tuple[str, str], growth: Growth) -> None:
         with self._lock:
             self._growths.setdefault(cr, []).append(growth)
+
+    def set_missing(self, missing: dict[tuple[str, str], list[MissingSeries]]
+                    ) -> set[tuple[str, str]]:
+        """The series every CR's engines lack now (one look); the CRs whose list changed."""
+        with self._lock:
+            now = {cr: list(series) for cr, series in missing.items() if series}
+            changed = {cr for cr in set(now) | set(self._missing)
+                       if now.get(cr) != self._missing.get(cr)}
+            self._missing = now
+            return changed
+
+    def missing(self, cr: tuple[str, str]) -> list[MissingSeries]:
+        with self._lock:
+            return list(self._missing.get(cr, []))
 
     def recent(self, cr: tuple[str, str], now: datetime.datetime) -> list[Growth]:
         with self._lock:
@@ -151,6 +224,11 @@ class Recorded:
                     if (now - g.at).total_seconds() <= FAULT_HOLD_SECONDS]
             self._growths[cr] = kept
             return list(kept)
+
+    def faults(self, cr: tuple[str, str], now: datetime.datetime, policy: str) -> list[Fault]:
+        """The CR's faults the engine watch saw: counters grown recently, series missing."""
+        return [g.fault(policy) for g in self.recent(cr, now)] + [
+            m.fault() for m in self.missing(cr)]
 
     def unreported(self, cr: tuple[str, str], faults: list[Fault]) -> list[Fault]:
         """The faults not reported yet, marked reported; only the current ones are kept."""
@@ -163,6 +241,7 @@ class Recorded:
     def forget(self, cr: tuple[str, str]) -> None:
         with self._lock:
             self._growths.pop(cr, None)
+            self._missing.pop(cr, None)
             self._reported.pop(cr, None)
 
 
@@ -171,13 +250,15 @@ RECORDED = Recorded()
 
 def condition(faults: list[Fault], now: datetime.datetime) -> tuple[dict[str, str], Optional[float]]:
     """The DataPathHealthy condition (type, status, reason, message) and the seconds until
-    it turns True again (None when it is True)."""
+    it turns True again (None when it is True, or held by a standing fault only)."""
     if not faults:
         return {"type": CONDITION, "status": "True", "reason": HEALTHY,
                 "message": f"no data-path fault in the last {FAULT_HOLD_SECONDS:.0f} s"}, None
     last = max(faults, key=lambda f: f.at)
     more = f" ({len(faults) - 1} more in the last {FAULT_HOLD_SECONDS:.0f} s)" \
         if len(faults) > 1 else ""
-    until = FAULT_HOLD_SECONDS - (now - last.at).total_seconds()
+    passing = [f for f in faults if not f.standing]
+    until = None if not passing else max(
+        FAULT_HOLD_SECONDS - (now - max(f.at for f in passing)).total_seconds(), 0.0) + 1
     return {"type": CONDITION, "status": "False", "reason": last.reason,
-            "message": last.message + more}, max(until, 0.0) + 1
+            "message": last.message + more}, until

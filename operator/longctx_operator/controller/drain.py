@@ -1,7 +1,7 @@
 """The drains of one reconcile, wired to the cluster: which pods are draining, what their
-engines still hold (engine_load.py), whether the router still sends them requests, and
-the scale-down's pool marks. The decisions themselves are rollout.step and
-rollout.scale_down, which get what is read here as data."""
+engines still hold (the engine watch's last readings, engine_load.py), whether the router
+still sends them requests, and the scale-down's pool marks. The decisions themselves are
+rollout.step and rollout.scale_down, which get what is read here as data."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ _TRACKERS: dict[tuple[str, str], IdleTracker] = {}
 def look(cr: dict[str, Any], revisions: dict[str, rollout.Revision], desired: str,
          serving: Optional[str], now: datetime.datetime) -> dict[str, float]:
     """Seconds each draining pod has been idle: the other revisions' pods once the desired
-    one serves, and the desired revision's pods a scale-down marked to leave. Nothing is
-    scraped when nothing drains."""
+    one serves, and the desired revision's pods a scale-down marked to leave, from the
+    engine watch's readings (no engine is read here)."""
     pods = [p for name, rev in revisions.items() if serving == desired and name != desired
             for p in rev.pods]
     if desired in revisions:

@@ -1,20 +1,22 @@
-"""How many requests a draining engine pod still holds, read from its vLLM `/metrics`.
+"""How many requests each engine pod holds, as the engine watch read it last
+(runtime/engine_watch.py), and since when a draining pod has held none.
 
-A drain (a rollout's old revision, the pods a scale-down removes) need not last its whole
-window once the pods hold no request. The operator reads what the llm-d endpoint picker
-and the PodMonitor read: each engine rank's vLLM HTTP port (the pod's `vllm-<rank>`
-container ports) at `http://<pod IP>:<port>/metrics`, and sums `vllm:num_requests_running`
-and `vllm:num_requests_waiting` (a decode request waiting for its KV is waiting, not
-running). A pod counts as idle when every rank reports 0, or when it cannot be reached and
-is not Ready (its engine is gone, and its requests with it). A Ready pod that cannot be
-scraped is never idle: the drain then lasts its window. `LONGCTX_ENGINE_METRICS_NETWORKS`
-(comma-separated CIDRs; any address when unset) limits the pod IPs the operator connects
-to; a pod outside them counts as one that cannot be scraped.
+The watch reads what the llm-d endpoint picker and the PodMonitor read: each engine rank's
+vLLM HTTP port (the pod's `vllm-<rank>` container ports) at
+`http://<pod IP>:<port>/metrics`, and sums `vllm:num_requests_running` and
+`vllm:num_requests_waiting` (a decode request waiting for its KV is waiting, not running).
+A pod holds nothing when every rank reports 0, or when it cannot be read and is not Ready
+(its engine is gone, and its requests with it). A Ready pod that cannot be read is never
+idle: the drain then lasts its window. `LONGCTX_ENGINE_METRICS_NETWORKS` (comma-separated
+CIDRs; any address when unset) limits the pod IPs the operator connects to; a pod outside
+them counts as one that cannot be read.
 
-Between a request's prefill leg and its decode leg both engines report 0 for a moment, so
-one look proves nothing: a pod is drained only after it has been idle at two looks at
-least rollout.IDLE_CONFIRM_SECONDS apart (IdleTracker keeps since when). The tracker lives
-in the operator's memory; a restarted operator looks again, one more interval.
+A reconcile reads only the watch's last readings (LOADS), never an engine: a slow engine
+never delays it. Between a request's prefill leg and its decode leg both engines report 0
+for a moment, so one reading proves nothing: a pod is drained only after it was idle at two
+readings at least rollout.IDLE_CONFIRM_SECONDS apart, both taken after the drain first
+looked at it (IdleTracker). The tracker lives in the operator's memory; a restarted
+operator looks again, one more interval.
 """
 
 from __future__ import annotations
@@ -22,28 +24,15 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from dataclasses import dataclass
 from typing import Any, Optional
-
-from prometheus_client.parser import text_string_to_metric_families
 
 # What a request in flight shows up as on an engine (vLLM's gauges, per engine rank).
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 ENGINE_PORT_PREFIX = "vllm-"      # builders/engine.py names each rank's HTTP port so
 SCRAPE_TIMEOUT_SECONDS = 2.0
-PARALLEL_SCRAPES = 16
-
-
-def in_flight(text: str) -> float:
-    """The requests an engine's metrics page counts as running or waiting."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in IN_FLIGHT_METRICS:
-                total += sample.value
-    return total
+NETWORKS_ENV = "LONGCTX_ENGINE_METRICS_NETWORKS"
 
 
 def engine_ports(pod: dict[str, Any]) -> list[int]:
@@ -51,12 +40,9 @@ def engine_ports(pod: dict[str, Any]) -> list[int]:
             for p in c.get("ports") or [] if p.get("name", "").startswith(ENGINE_PORT_PREFIX)]
 
 
-def _ready(pod: dict[str, Any]) -> bool:
+def ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-NETWORKS_ENV = "LONGCTX_ENGINE_METRICS_NETWORKS"
 
 
 def metrics_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -75,48 +61,67 @@ def may_scrape(ip: str) -> bool:
     return not networks or any(ipaddress.ip_address(ip) in n for n in networks)
 
 
-def pod_in_flight(pod: dict[str, Any], timeout: float = SCRAPE_TIMEOUT_SECONDS
-                  ) -> Optional[float]:
-    """Requests in flight on every rank of the pod; None when a rank cannot be read."""
-    ip = (pod.get("status") or {}).get("podIP")
-    ports = engine_ports(pod)
-    if not ip or not ports or not may_scrape(ip):
-        return None
-    total = 0.0
-    for port in ports:
-        try:
-            with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=timeout) as resp:
-                total += in_flight(resp.read().decode())
-        except (OSError, ValueError, urllib.error.URLError):
-            return None
-    return total
+@dataclass(frozen=True)
+class PodLoad:
+    """One reading of a pod's ranks: requests in flight (None: a rank could not be read)."""
+
+    in_flight: Optional[float]
+    ready: bool
+    read_at: datetime.datetime
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0 if self.in_flight is not None else not self.ready
 
 
-def pod_idle(pod: dict[str, Any], timeout: float = SCRAPE_TIMEOUT_SECONDS) -> bool:
-    """Whether the pod holds no request (see the module docstring)."""
-    count = pod_in_flight(pod, timeout)
-    return count == 0 if count is not None else not _ready(pod)
+class Loads:
+    """The watch's last reading of each engine pod, by pod uid (written by the watch's
+    thread, read by the reconciles')."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, PodLoad] = {}
+
+    def publish(self, by_uid: dict[str, PodLoad]) -> None:
+        """The readings of one look; pods the look did not list are forgotten."""
+        with self._lock:
+            self._by_uid = dict(by_uid)
+
+    def of(self, pod: dict[str, Any]) -> Optional[PodLoad]:
+        with self._lock:
+            return self._by_uid.get(pod_uid(pod))
+
+
+LOADS = Loads()
+
+
+def pod_uid(pod: dict[str, Any]) -> str:
+    return pod["metadata"].get("uid") or pod["metadata"]["name"]
 
 
 class IdleTracker:
-    """Since when each pod (by uid) of one CR has been seen idle at every look."""
+    """Since when each draining pod (by uid) of one CR has been idle at every reading."""
 
     def __init__(self) -> None:
+        self._first_look: dict[str, datetime.datetime] = {}
         self._since: dict[str, datetime.datetime] = {}
 
-    def look(self, pods: list[dict[str, Any]], now: datetime.datetime) -> dict[str, float]:
-        """Scrape `pods` now: {pod name: seconds it has been idle}, busy pods left out.
-        Only these pods are remembered: one that drains again later starts afresh."""
+    def look(self, pods: list[dict[str, Any]], now: datetime.datetime,
+             loads: Optional[Loads] = None) -> dict[str, float]:
+        """{pod name: seconds between the first and the last idle reading}, for the pods
+        idle at every reading taken since the drain first looked at them; busy pods, and
+        pods not read since, are left out. Only these pods are remembered: one that drains
+        again later starts afresh."""
+        first: dict[str, datetime.datetime] = {}
         since: dict[str, datetime.datetime] = {}
         out: dict[str, float] = {}
-        # At most one timeout's wait however many pods drain, not one per pod.
-        with ThreadPoolExecutor(min(len(pods), PARALLEL_SCRAPES) or 1) as pool:
-            idle = list(pool.map(pod_idle, pods))
-        for pod, is_idle in zip(pods, idle):
-            if not is_idle:
+        for pod in pods:
+            uid = pod_uid(pod)
+            first[uid] = self._first_look.get(uid, now)
+            reading = (loads or LOADS).of(pod)
+            if reading is None or reading.read_at < first[uid] or not reading.idle:
                 continue
-            uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
-            since[uid] = self._since.get(uid, now)
-            out[pod["metadata"]["name"]] = (now - since[uid]).total_seconds()
-        self._since = since
+            since[uid] = self._since.get(uid, reading.read_at)
+            out[pod["metadata"]["name"]] = (reading.read_at - since[uid]).total_seconds()
+        self._first_look, self._since = first, since
         return out

@@ -26,7 +26,7 @@ from longctx_core.sizing.scaling import scale_status
 from longctx_core.api.schema import SpecError
 from longctx_core.sizing.topology import topology_plan
 
-from longctx_operator.controller import data_path, drain, rollout
+from longctx_operator.controller import answers, data_path, drain, rollout
 from longctx_operator.controller.builders import endpoint as endpoint_builder
 from longctx_operator import metrics
 from longctx_operator.controller.routers import Router, router_for
@@ -196,6 +196,10 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
                             previous=previous,
                             rollout=step, data_path=data_path_condition)
     status.update(scale_status(name, spec, observed.pods))
+    answered, answer_events = answers.ANSWERS.take((namespace, name), previous.get("answers"))
+    if answered is not None:
+        status["answers"] = answered
+    outcome.events += answer_events
     cause = rollout_cause(outcome.rerendered, bool(outcome.applied), cr, previous,
                           replaced.changed if replaced else ())
     if cause:
@@ -218,7 +222,7 @@ def _data_path(cr: dict[str, Any], plan: ServingPlan | None,
     now = _utcnow()
     policy = plan.decode.faults.kv_load_failure_policy if plan is not None else "fail"
     faults = data_path.restarted([p for r in revisions.values() for p in r.pods], now, policy)
-    faults += [g.fault(policy) for g in data_path.RECORDED.recent(key, now)]
+    faults += data_path.RECORDED.faults(key, now, policy)
     outcome.events += [("Warning", f.reason, f.message)
                        for f in data_path.RECORDED.unreported(key, faults)]
     condition, clears_in = data_path.condition(faults, now)

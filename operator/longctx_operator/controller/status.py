@@ -181,7 +181,7 @@ def _carry_timestamps(conditions: list[dict[str, Any]], previous: list[dict[str,
 
 
 # Top-level status keys the operator writes only sometimes.
-OPTIONAL_KEYS = ("plan", "endpoint", "maxContextTokens", "rollout", "revision")
+OPTIONAL_KEYS = ("plan", "endpoint", "maxContextTokens", "rollout", "revision", "answers")
 
 
 def status_changed(previous: dict[str, Any] | None, new: dict[str, Any]) -> bool:
