@@ -175,7 +175,6 @@ def main() -> None:
            f"{ANSWER_TOKENS} tokens"
     FIGURES.record(case, {**figures, "max_added": MAX_ADDED})
     added = figures["endpoint"]
-    print(json.dumps(figures, indent=1))
     if max(added["ttft_added"], added["tbt_added"]) > args.max_added:
         raise SystemExit(f"the endpoint adds more than {args.max_added:.0%}: {added}")
 

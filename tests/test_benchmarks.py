@@ -120,7 +120,7 @@ def test_endpoint_overhead(tmp_path):
     by the full run, whose table docs/data-path.md shows: two rounds are too few to)."""
     out = run("endpoint_overhead.py", "--rounds", "2", "--max-added", "10", timeout=600,
               env={"LONGCTX_FIGURES_RUN": str(tmp_path)})
-    figures = json.loads(out[out.index("{"):])
+    figures, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
     for path in ("router", "endpoint"):
         assert figures[path]["ttft_ms"] > 0 and figures[path]["tbt_ms"] > 0, figures
         assert figures[path]["requests"] == 4, figures
