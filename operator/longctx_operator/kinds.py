@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx_core.contract import (API_VERSION, FIELD_MANAGER, KIND, MANAGED_BY_LABEL, PLURAL,
-                                   ROLE_LABEL)
+from longctx_core.contract import API_VERSION, FIELD_MANAGER, KIND, MANAGED_BY_LABEL, PLURAL
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,6 @@ class Kind:
     verbs: tuple[str, ...] = ()  # what else the operator does with it (Events: create)
     status_patch: bool = False   # the operator writes its status subresource
     cluster_scoped: bool = False
-    only_with_label: str | None = None   # watched only when it carries this label
     # A reconcile applies its children in waves, each wave's objects at once: workloads
     # after what their pods refer to (a pod whose ServiceAccount does not exist yet is
     # refused), a RoleBinding after its Role (the API server reads the Role to check that
@@ -30,19 +28,16 @@ class Kind:
     wave: int = 0
 
     @property
-    def watch_labels(self) -> dict[str, str | None]:
+    def watch_labels(self) -> dict[str, str]:
         """What selects the objects the operator watches: its children carry the managed-by
-        label (None: the label is present, whatever its value)."""
+        label."""
         if not (self.managed or self.watched):
             return {}
-        labels: dict[str, str | None] = {MANAGED_BY_LABEL: FIELD_MANAGER}
-        if self.only_with_label:
-            labels[self.only_with_label] = None
-        return labels
+        return {MANAGED_BY_LABEL: FIELD_MANAGER}
 
     @property
     def label_selector(self) -> str:
-        return ",".join(k if v is None else f"{k}={v}" for k, v in self.watch_labels.items())
+        return ",".join(f"{k}={v}" for k, v in self.watch_labels.items())
 
     @property
     def cached(self) -> bool:
@@ -99,9 +94,10 @@ KINDS = (
          crd="scaledobjects.keda.sh"),
     # Pods are never created or deleted by the operator; a pod leaving on scale-down gets
     # its serving label turned off (a metadata patch) so that the pool stops selecting it.
-    # Only engine pods (they carry the llm-d role): the picker's are read via its Deployment.
-    Kind("v1", "Pod", "pods", watched=True, verbs=("get", "list", "watch", "patch"),
-         only_with_label=ROLE_LABEL),
+    # Every pod of a CR's workloads is cached: the engines', the routers' (a rollout waits
+    # for an old router pod to end) and the endpoint's (the engine watch reads its
+    # counters); only an engine pod's change asks for a reconcile (runtime/main.py).
+    Kind("v1", "Pod", "pods", watched=True, verbs=("get", "list", "watch", "patch")),
     Kind("v1", "Event", "events", verbs=("create",)),
     Kind(API_VERSION, KIND, PLURAL, status_patch=True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions",

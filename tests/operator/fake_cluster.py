@@ -1,7 +1,10 @@
 """An in-memory Cluster (controller/cluster.py) for unit tests of the reconcile: objects by
 (kind, namespace, name), applies merged over what is there (status kept), label selectors,
 status and metadata patches. It plays no controller: a test makes StatefulSets Ready and
-pods exist itself (`ready`)."""
+pods exist itself (`ready`).
+
+It records every read the operator's watch caches could not serve (`uncached`): a list of
+a namespaced kind across all namespaces, which runtime/kube.py sends to the API server."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class FakeCluster:
         self._nodes = nodes
         self.crds = crds
         self.writes: list[tuple[str, str]] = []     # (verb, "Kind/name")
+        self.uncached: list[str] = []               # reads the caches cannot serve
         self.created = 0
 
     # -- the Cluster interface
@@ -45,15 +49,12 @@ class FakeCluster:
 
     def list(self, api_version: str, kind: str, namespace: Optional[str],
              label_selector: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
+        if namespace is None:
+            self.uncached.append(f"list {kind} in all namespaces")
         return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items())
                 if k == kind and (namespace is None or ns == namespace)
                 and all((o["metadata"].get("labels") or {}).get(lk) == lv
                         for lk, lv in (label_selector or {}).items())]
-
-    def list_raw(self, kind: Kind, namespace: Optional[str], label_selector: str
-                 ) -> dict[str, Any]:
-        labels = dict(part.split("=", 1) for part in label_selector.split(",") if part)
-        return {"items": self.list(kind.api_version, kind.kind, namespace, labels)}
 
     def apply_all(self, manifests: list[dict[str, Any]]) -> None:
         for m in manifests:
@@ -91,7 +92,7 @@ class FakeCluster:
     def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
         return name in self.crds
 
-    def nodes(self, max_age: float = 30.0) -> Optional[list[dict[str, Any]]]:
+    def nodes(self) -> Optional[list[dict[str, Any]]]:
         return copy.deepcopy(self._nodes)
 
     # -- what a test plays

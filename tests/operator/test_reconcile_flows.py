@@ -277,3 +277,18 @@ def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch)
     drained = [m for _, r, m in run(fake).events if r == "RolloutDrained"]
     assert drained and "held no request" in drained[0]
     assert old_decode not in statefulsets(fake)
+
+
+def test_no_reconcile_reads_around_the_caches():
+    """A new CR, a spec edit that rolls a role and a scale-down: every read a reconcile makes
+    is one the watch caches serve (the Nodes included)."""
+    fake = FakeCluster(nodes=[node("node-a")])
+    deploy(fake)
+    edit(fake, lambda s: s["prefill"].update(replicas=2))
+    steady(fake)
+    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
+        {"decode": ["--max-num-seqs", "3"]}))
+    steady(fake)
+    edit(fake, lambda s: s["prefill"].update(replicas=1))
+    steady(fake)
+    assert fake.uncached == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
-from longctx_operator.kinds import Kind
 
 
 class KubeError(RuntimeError):
@@ -19,11 +18,6 @@ class Cluster(Protocol):
 
     def list(self, api_version: str, kind: str, namespace: Optional[str],
              label_selector: Optional[dict[str, str]] = None) -> list[dict[str, Any]]: ...
-
-    def list_raw(self, kind: Kind, namespace: Optional[str], label_selector: str
-                 ) -> dict[str, Any]:
-        """A LIST's whole body, read from the API server (kinds the caches do not hold)."""
-        ...
 
     def apply_all(self, manifests: list[dict[str, Any]]) -> None: ...
 
@@ -38,6 +32,6 @@ class Cluster(Protocol):
 
     def crd_exists(self, name: str, max_age: float = 60.0) -> bool: ...
 
-    def nodes(self, max_age: float = 30.0) -> Optional[list[dict[str, Any]]]:
+    def nodes(self) -> Optional[list[dict[str, Any]]]:
         """Every Node; None when they cannot be listed (a namespaced install)."""
         ...

@@ -80,10 +80,10 @@ def _label(obj: dict[str, Any]) -> str:
     return "/".join(_key(obj))
 
 
-def _node_memory(kube: Cluster, fresh: bool = False) -> list[NodeMemory] | None:
+def _node_memory(kube: Cluster) -> list[NodeMemory] | None:
     """The nodes' allocatable memory and labels for the planner; None when they cannot be
-    listed. `fresh`: listed now (a topology domain is judged by labels just applied)."""
-    nodes = kube.nodes(max_age=0) if fresh else kube.nodes()
+    listed."""
+    nodes = kube.nodes()
     if nodes is None:
         return None
     return [n for n in map(NodeMemory.from_manifest, nodes) if n is not None]
@@ -115,7 +115,7 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], outcome: Outcome) -> None:
     try:
         spec = api.load_spec(cr.get("spec"))
         router = router_for(spec)
-        nodes = _node_memory(kube, fresh=spec.placement.topologyKey is not None)
+        nodes = _node_memory(kube)
         capacity = plan_capacity(spec, nodes)
         plan_json = capacity.to_json()
         topology = topology_plan(spec, nodes)
@@ -284,7 +284,7 @@ def _gpu_shortage(kube: Cluster, plan: ServingPlan, revisions: dict[str, rollout
                   ) -> Optional[str]:
     """How many GPUs the new revision still needs on the nodes its placement selects, and
     how many are free there (None when nodes or pods cannot be read)."""
-    nodes = kube.nodes(max_age=0)
+    nodes = kube.nodes()
     try:
         pods = kube.list("v1", "Pod", None) if nodes is not None else None
     except KubeError:

@@ -174,9 +174,8 @@ class VllmRouter(Router):
 
     def _pods(self, kube: Cluster, cr: dict[str, Any]) -> list[dict[str, Any]]:
         meta = cr["metadata"]
-        return kube.list_raw(kinds.KIND_BY_NAME["Pod"], meta["namespace"], ",".join(
-            f"{k}={v}" for k, v in contract.selector_labels(
-                meta["name"], contract.ROUTER_COMPONENT).items())).get("items") or []
+        return kube.list("v1", "Pod", meta["namespace"],
+                         contract.selector_labels(meta["name"], contract.ROUTER_COMPONENT))
 
     def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
                   pods: list[str]) -> bool:

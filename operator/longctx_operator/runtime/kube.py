@@ -70,7 +70,6 @@ class Kube:
         # carrying that version echoes the write and tells the reconcile nothing new.
         self._written: dict[tuple[str, str, str], str] = {}
         self._crds: dict[str, tuple[float, bool]] = {}
-        self._nodes: tuple[float, list[dict[str, Any]] | None] | None = None
         self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="apply")
 
     @classmethod
@@ -280,22 +279,11 @@ class Kube:
         return found
 
 
-    def nodes(self, max_age: float = 30.0) -> list[dict[str, Any]] | None:
-        """The cluster's Nodes, listed at most every `max_age` seconds; None when the
-        operator may not list them (a namespaced install without cluster reads) or the
-        list fails: the planner then skips its host-memory check and says so."""
-        cached = self.caches.nodes() if self.caches is not None and max_age > 0 else None
-        if cached is not None:
-            return cached
-        if self._nodes and time.monotonic() - self._nodes[0] < max_age:
-            return self._nodes[1]
-        try:
-            found: list[dict[str, Any]] | None = self.list("v1", "Node", None)
-        except KubeError as exc:
-            log.info("node list unavailable, host memory not checked: %s", exc)
-            found = None
-        self._nodes = (time.monotonic(), found)
-        return found
+    def nodes(self) -> list[dict[str, Any]] | None:
+        """The cluster's Nodes, from the watch cache; None until it has listed them, or when
+        the operator may not list them (a namespaced install without cluster reads): the
+        planner then skips its host-memory check and says so. Never a request of its own."""
+        return self.caches.nodes() if self.caches is not None else None
 
 
 def describe(exc: ApiException, what: str) -> str:

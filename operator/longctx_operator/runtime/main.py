@@ -129,7 +129,10 @@ class Controller:
             self.node_changed(obj["metadata"]["name"])
             return
         meta = obj["metadata"]
-        cr_name = (meta.get("labels") or {}).get(contract.INSTANCE_LABEL)
+        labels = meta.get("labels") or {}
+        if kind == "Pod" and contract.ROLE_LABEL not in labels:
+            return   # a router's or the endpoint's pod: read when a reconcile runs
+        cr_name = labels.get(contract.INSTANCE_LABEL)
         if cr_name and not self.kube.own_write(kind, obj):
             self.request((meta["namespace"], cr_name))
 
