@@ -204,3 +204,27 @@ def test_the_keys_own_statefulsets_keep_the_selector_and_template_labels_they_ha
             **before, contract.ROLE_REVISION_LABEL: "0123456789"}
         assert sts["spec"]["template"]["metadata"]["labels"][
             contract.ROLE_REVISION_LABEL] == "0123456789"
+
+
+def test_a_pod_is_selected_by_one_budget_only():
+    """The eviction API refuses a pod two PodDisruptionBudgets select: the key's own budget
+    leaves a replacement's pods to the replacement's."""
+    import dataclasses
+
+    from longctx_core import contract
+    from longctx_operator.controller.builders.engine import pod_disruption_budget, statefulset
+
+    def selects(pdb: dict, labels: dict) -> bool:
+        sel = pdb["spec"]["selector"]
+        return all(labels.get(k) == v for k, v in sel["matchLabels"].items()) and all(
+            e["key"] not in labels for e in sel.get("matchExpressions", [])
+            if e["operator"] == "DoesNotExist")
+
+    plan = serving_plan(load_spec(CR["spec"]))
+    for role in plan.roles:
+        replacement = dataclasses.replace(role, revision="0123456789")
+        budgets = [pod_disruption_budget(CR, r) for r in (role, replacement)]
+        for r in (role, replacement):
+            labels = statefulset(CR, r, router_for(plan.spec))["spec"]["template"]["metadata"][
+                "labels"]
+            assert [selects(b, labels) for b in budgets] == [r is role, r is replacement]

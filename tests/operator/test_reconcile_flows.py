@@ -286,9 +286,11 @@ def test_no_reconcile_reads_around_the_caches():
     deploy(fake)
     edit(fake, lambda s: s["prefill"].update(replicas=2))
     steady(fake)
-    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
-        {"decode": ["--max-num-seqs", "3"]}))
-    steady(fake)
-    edit(fake, lambda s: s["prefill"].update(replicas=1))
-    steady(fake)
+    for change in (lambda s: s["engine"].setdefault("extraArgs", {}).update(
+                       {"decode": ["--max-num-seqs", "3"]}),
+                   lambda s: s["prefill"].update(replicas=1)):
+        edit(fake, change)
+        for _ in range(3):
+            fake.ready()
+            run(fake)
     assert fake.uncached == []

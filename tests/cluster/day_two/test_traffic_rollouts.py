@@ -96,10 +96,15 @@ def conditions(deployment) -> list[str]:
             if c["type"] in ("Ready", "RolloutBlocked", "Degraded", "DataPathHealthy")]
 
 
-def data_path_faults(conds: list[str]) -> list[str]:
-    """The DataPathHealthy conditions among `conds` that are not True."""
-    return [c for c in conds if c.startswith("DataPathHealthy=")
-            and not c.startswith("DataPathHealthy=True")]
+def data_path_fault(deployment, before: dict[str, Any]) -> str | None:
+    """A fault DataPathHealthy reports that it did not report as `before` (the condition
+    when the change began: a fault of an earlier module's stays reported for its window)."""
+    now = next((c for c in deployment.status().get("conditions", [])
+                if c["type"] == "DataPathHealthy"), {})
+    if now.get("status") == "True" or now.get("message") == before.get("message"):
+        return None
+    return f"DataPathHealthy={now.get('status')} {now.get('reason', '')}: " \
+           f"{now.get('message', '')[:160]}"
 
 
 def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callable[[], Any],
@@ -111,6 +116,8 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     counts as failed."""
     deployment.settle()
     known = Counter(deployment.events())
+    before = next((c for c in deployment.status().get("conditions", [])
+                   if c["type"] == "DataPathHealthy"), {})
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
     counters = PodCounters(real, namespace, name).start()
     port = contract.ENDPOINT_PORT if through == contract.ENDPOINT_COMPONENT \
@@ -121,10 +128,12 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     time.sleep(3)                      # traffic flows before the change
     change()
     changed = time.monotonic()
-    faults: list[str] = []             # DataPathHealthy other than True, at each look
+    faults: list[str] = []             # faults DataPathHealthy reported anew, at each look
 
     def done_and_healthy() -> Any:
-        faults.extend(c for c in data_path_faults(conditions(deployment)) if c not in faults)
+        fault = data_path_fault(deployment, before)
+        if fault and fault not in faults:
+            faults.append(fault)
         return done()
     try:
         wait_for(done_and_healthy, PHASE_TIMEOUT, case, 1)
@@ -139,8 +148,8 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     summary = {**traffic.summary(), "seconds": round(took),
                "events": [e[:240] for e in (Counter(deployment.events()) - known).elements()],
                "conditions": conditions(deployment)}
-    summary["data_path_faults"] = faults + [c for c in data_path_faults(summary["conditions"])
-                                            if c not in faults]
+    fault = data_path_fault(deployment, before)
+    summary["data_path_faults"] = faults + ([fault] if fault and fault not in faults else [])
     FIGURES.record(case, summary)
     return summary, counters
 

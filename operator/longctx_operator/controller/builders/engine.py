@@ -81,14 +81,19 @@ def max_unavailable(role: RolePlan) -> int:
 
 
 def pod_disruption_budget(cr: dict[str, Any], role: RolePlan) -> dict[str, Any]:
+    """One per role revision. The key's own one leaves out a replacement's pods, which its
+    labels would select too: the eviction API refuses a pod that two budgets select."""
     name = cr["metadata"]["name"]
+    selector: dict[str, Any] = {"matchLabels": contract.selector_labels(
+        name, role.role, role.pairing_key, pod_role_revision(role))}
+    if pod_role_revision(role) is None:
+        selector["matchExpressions"] = [{"key": contract.ROLE_REVISION_LABEL,
+                                         "operator": "DoesNotExist"}]
     return {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(cr, contract.pdb(name, role.role, role.revision), role.role,
                           role.pairing_key, role.revision),
-        "spec": {"maxUnavailable": max_unavailable(role),
-                 "selector": {"matchLabels": contract.selector_labels(
-                     name, role.role, role.pairing_key, pod_role_revision(role))},
+        "spec": {"maxUnavailable": max_unavailable(role), "selector": selector,
                  # A crash-looping engine must not block a node drain.
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
