@@ -195,7 +195,9 @@ def test_vllm_router_picked_no_prefill_pod_by_prefix(measured):
     sessions stayed on their pod above only because one request at a time always finds
     both pods idle and takes the first (docs/router.md)."""
     results, *_, decisions = measured
-    assert set(decisions) == {"missing_tokens"}, decisions
+    # An outcome another module's requests created (the endpoint's continuations are
+    # prompts of token ids) is a series that did not grow here.
+    assert {k for k, v in decisions.items() if v} == {"missing_tokens"}, decisions
     assert decisions["missing_tokens"] >= len(results[ROUTINGS[0]]), decisions
 
 
