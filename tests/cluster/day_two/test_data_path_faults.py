@@ -304,11 +304,16 @@ def test_decode_lost_mid_answer(deployment):
 
 
 def test_nixl_side_channel_unreachable(deployment):
-    """Right after decode's restart (the case above), before any request: decode's first KV
-    read must make the NIXL handshake. The harness sends the router's two legs itself so
-    that the stop lands between them: the prefill leg, the prefill engine stopped, then
-    the decode leg with the prefill's `kv_transfer_params`, whose stream is what
-    vllm-router passes to the client."""
+    """Right after a decode restart, before any request: decode's first KV read must make
+    the NIXL handshake (the case above sent requests through P/D once decode was back, so
+    decode is restarted here). The harness sends the router's two legs itself so that the
+    stop lands between them: the prefill leg, the prefill engine stopped, then the decode
+    leg with the prefill's `kv_transfer_params`, whose stream is what vllm-router passes
+    to the client."""
+    deployment.settle(warm=False)
+    (decode,) = deployment.pods("decode")
+    signal_engine(decode, signal.SIGKILL)
+    back(deployment, decode["metadata"]["name"], restarts(decode))
     deployment.settle(warm=False)
     known = deployment.events()
     (decode_url,) = deployment.urls("decode").values()

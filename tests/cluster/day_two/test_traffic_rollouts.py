@@ -34,6 +34,7 @@ import pytest
 
 from longctx_core import contract
 from longctx_core.plan import faults, roles
+from longctx_operator.controller import data_path
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
 from tests.cluster.day_two.test_prefix_reuse import via_router
 from tests.cluster.real_engines import (ENDPOINT_IMAGE_NEXT, ENGINE_IMAGE_NEXT,
@@ -96,15 +97,16 @@ def conditions(deployment) -> list[str]:
             if c["type"] in ("Ready", "RolloutBlocked", "Degraded", "DataPathHealthy")]
 
 
-def data_path_fault(deployment, before: dict[str, Any]) -> str | None:
-    """A fault DataPathHealthy reports that it did not report as `before` (the condition
-    when the change began: a fault of an earlier module's stays reported for its window)."""
-    now = next((c for c in deployment.status().get("conditions", [])
-                if c["type"] == "DataPathHealthy"), {})
-    if now.get("status") == "True" or now.get("message") == before.get("message"):
-        return None
-    return f"DataPathHealthy={now.get('status')} {now.get('reason', '')}: " \
-           f"{now.get('message', '')[:160]}"
+# The Events the operator posts for a data-path fault, each once (controller/data_path.py).
+FAULT_REASONS = {*data_path.FAILURE_COUNTERS.values(), "EngineRestarted", "MissingSeries"}
+
+
+def new_faults(deployment, known: Counter) -> list[str]:
+    """The data-path faults the operator reported since `known` (the CR's Events then). A
+    fault an earlier module provoked stays in DataPathHealthy for its window, so the
+    condition alone cannot say when a fault began; its one Event can."""
+    fresh = Counter(deployment.events()) - known
+    return [e[:240] for e in fresh.elements() if e.split(":", 1)[0] in FAULT_REASONS]
 
 
 def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callable[[], Any],
@@ -116,8 +118,6 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     counts as failed."""
     deployment.settle()
     known = Counter(deployment.events())
-    before = next((c for c in deployment.status().get("conditions", [])
-                   if c["type"] == "DataPathHealthy"), {})
     real, namespace, name = deployment.real, deployment.namespace, deployment.name
     counters = PodCounters(real, namespace, name).start()
     port = contract.ENDPOINT_PORT if through == contract.ENDPOINT_COMPONENT \
@@ -128,12 +128,10 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     time.sleep(3)                      # traffic flows before the change
     change()
     changed = time.monotonic()
-    faults: list[str] = []             # faults DataPathHealthy reported anew, at each look
+    faults: list[str] = []             # faults reported since the change began, at each look
 
     def done_and_healthy() -> Any:
-        fault = data_path_fault(deployment, before)
-        if fault and fault not in faults:
-            faults.append(fault)
+        faults.extend(f for f in new_faults(deployment, known) if f not in faults)
         return done()
     try:
         wait_for(done_and_healthy, PHASE_TIMEOUT, case, 1)
@@ -148,8 +146,8 @@ def under_traffic(deployment, case: str, change: Callable[[], Any], done: Callab
     summary = {**traffic.summary(), "seconds": round(took),
                "events": [e[:240] for e in (Counter(deployment.events()) - known).elements()],
                "conditions": conditions(deployment)}
-    fault = data_path_fault(deployment, before)
-    summary["data_path_faults"] = faults + ([fault] if fault and fault not in faults else [])
+    summary["data_path_faults"] = faults + [f for f in new_faults(deployment, known)
+                                            if f not in faults]
     FIGURES.record(case, summary)
     return summary, counters
 
