@@ -118,11 +118,30 @@ def test_a_run_at_a_time_the_earliest_request_wins_and_an_event_comes_first():
 
 
 def test_retries_back_off_doubling_to_the_cap_and_a_success_resets_them():
-    queue = DelayingQueue(1, lambda key: None, first_retry=100, max_retry=350)
+    now = [0.0]
+    queue = DelayingQueue(1, lambda key: None, first_retry=100, max_retry=350,
+                          clock=lambda: now[0])
     key = ("ns", "a")
-    assert [queue.retry(key) for _ in range(4)] == [100, 200, 350, 350]
+    delays = []
+    for _ in range(4):             # each retry fails when it comes
+        delays.append(queue.retry(key))
+        now[0] += delays[-1]
+    assert delays == [100, 200, 350, 350]
     queue.forget(key)
     assert queue.retry(key) == 100
+    queue.stop()
+
+
+def test_failures_while_a_retry_is_pending_do_not_lengthen_it():
+    """Events run a failing key sooner than its retry: their failures wait for that retry."""
+    now = [0.0]
+    queue = DelayingQueue(1, lambda key: None, first_retry=100, clock=lambda: now[0])
+    key = ("ns", "a")
+    assert queue.retry(key) == 100
+    now[0] += 30
+    assert queue.retry(key) == 70          # the pending retry, not a doubled one
+    now[0] += 70
+    assert queue.retry(key) == 200         # that retry failed: the back-off doubles
     queue.stop()
 
 

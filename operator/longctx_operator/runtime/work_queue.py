@@ -38,6 +38,7 @@ class DelayingQueue:
         self._again: dict[Hashable, tuple[float, contextvars.Context]] = {}
         self._contexts: dict[Hashable, contextvars.Context] = {}
         self._failures: dict[Hashable, int] = {}
+        self._retry_at: dict[Hashable, float] = {}   # when the key's pending retry is due
         self._stopping = False
         self._workers = [threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True)
                          for i in range(workers)]
@@ -62,12 +63,20 @@ class DelayingQueue:
         self._cond.notify()
 
     def retry(self, key: Hashable) -> float:
-        """Queues `key` again after its back-off (doubling from first_retry up to max_retry
-        with each failure since its last success); returns the delay."""
+        """Queues `key` again after its back-off, doubling from first_retry up to max_retry
+        with each retry that failed since its last success; returns the delay. Runs that
+        fail while a retry is pending (events ran the key sooner) wait for that retry: a
+        burst of events does not lengthen the back-off."""
+        now = self._clock()
         with self._cond:
-            failures = self._failures.get(key, 0)
-            self._failures[key] = failures + 1
-        delay = min(self.first_retry * 2 ** failures, self.max_retry)
+            pending = self._retry_at.get(key)
+            if pending is not None and pending > now:
+                delay = pending - now
+            else:
+                failures = self._failures.get(key, 0)
+                self._failures[key] = failures + 1
+                delay = min(self.first_retry * 2 ** failures, self.max_retry)
+                self._retry_at[key] = now + delay
         self.add(key, delay)
         return delay
 
@@ -75,6 +84,7 @@ class DelayingQueue:
         """The key's run succeeded: its next failure starts the back-off over."""
         with self._cond:
             self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
 
     def idle(self) -> bool:
         with self._cond:
