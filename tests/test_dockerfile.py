@@ -290,8 +290,8 @@ def test_engine_cpu_runs_as_engine_uid_with_engine_home():
 
 
 def test_vllm_router_image():
-    from longctx_operator.controller.builders import vllm_router
-    assert user("vllm-router") == vllm_router.NONROOT_UID != 0
+    from longctx_operator.controller.builders import workload
+    assert user("vllm-router") == workload.NONROOT_UID != 0
     source = (REPO / "operator/longctx_operator/controller/builders/vllm_router.py").read_text()
     command = json.loads(re.search(r'"command": (\[[^\]]*\])', source).group(1))
     assert exec_form("vllm-router", "ENTRYPOINT") == command

@@ -20,10 +20,11 @@ from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.router_placement import router_placement
-from longctx_operator.controller.builders.workload import cluster_ip_service, service_account_objects
+from longctx_operator.controller.builders.workload import (
+    cluster_ip_service, nonroot_pod_security, restricted_container_security,
+    service_account_objects)
 
 COMPONENT = contract.ENDPOINT_COMPONENT
-NONROOT_UID = 65532
 HTTP_PORT_NAME = "http"
 # Long enough for the Service's endpoints to drop a leaving pod before it stops listening.
 PRE_STOP_SECONDS = 5
@@ -106,9 +107,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
                     + 10,
                     "serviceAccountName": contract.endpoint(cr_name),
                     "automountServiceAccountToken": True,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
-                                        "runAsGroup": NONROOT_UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": nonroot_pod_security(),
                     "containers": [{
                         "name": "endpoint",
                         "image": plan.spec.endpoint.image,
@@ -127,9 +126,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan) -> dict[str, Any]:
                                            "periodSeconds": 2, "failureThreshold": 2},
                         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
                                       "limits": {"memory": "1Gi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False,
-                                            "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
+                        "securityContext": restricted_container_security(),
                     }],
                 },
             },

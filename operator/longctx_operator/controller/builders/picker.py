@@ -17,7 +17,8 @@ from longctx_core.sizing.prefix_index import prefix_index
 
 from longctx_operator.controller.builders.digest import content_digest
 from longctx_operator.controller.builders.router_placement import router_placement
-from longctx_operator.controller.builders.workload import service_account_objects
+from longctx_operator.controller.builders.workload import (
+    nonroot_pod_security, restricted_container_security, service_account_objects)
 from longctx_operator import kinds
 
 COMPONENT = contract.ROUTER_COMPONENT
@@ -31,7 +32,6 @@ PICKER_CONFIG_DIR = "/config"
 PICKER_CONFIG_FILE = "epp-config.yaml"
 PICKER_METRICS_PORT_NAME = "metrics"
 
-NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar)
 
 # Plugin types the picker config is made of; a test checks that none is deprecated.
 DEPRECATED_PLUGIN_TYPES = frozenset({
@@ -46,11 +46,6 @@ def router_meta(cr: dict[str, Any], name: str) -> dict[str, Any]:
             "labels": contract.labels(cr_meta["name"], COMPONENT),
             "ownerReferences": [contract.owner_reference(cr)]}
 
-
-def restricted_container_security() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 # ---------------------------------------------------------------- picker config
@@ -175,9 +170,7 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                     "serviceAccountName": name,
                     "automountServiceAccountToken": True,
                     "terminationGracePeriodSeconds": 130,  # --drain-timeout 30s plus shutdown
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
-                                        "runAsGroup": NONROOT_UID, "fsGroup": NONROOT_UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": nonroot_pod_security(fs_group=True),
                     "containers": [{
                         "name": "epp",
                         "image": spec.router.pickerImage,
@@ -204,7 +197,7 @@ def _picker_deployment(cr: dict[str, Any], spec: api.LongContextDeploymentSpec,
                                            "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "4", "memory": "8Gi"},
                                       "limits": {"memory": "16Gi"}},
-                        "securityContext": restricted_container_security(),
+                        "securityContext": restricted_container_security(own_user=True),
                         "volumeMounts": [
                             {"name": "config", "mountPath": PICKER_CONFIG_DIR, "readOnly": True},
                             {"name": "tmp", "mountPath": "/tmp"},

@@ -28,8 +28,9 @@ from typing import Any
 from longctx_core import contract
 from longctx_core.plan.roles import RolePlan, ServingPlan
 
-from longctx_operator.controller.builders.picker import (POOL_API_VERSION, POOL_GROUP, picker_objects, restricted_container_security,
-                     router_meta)
+from longctx_operator.controller.builders.picker import (POOL_API_VERSION, POOL_GROUP,
+                                                         picker_objects, router_meta)
+from longctx_operator.controller.builders.workload import restricted_container_security
 
 SIDECAR_NAME = "routing-proxy"
 
@@ -142,5 +143,5 @@ def routing_sidecar(decode: RolePlan) -> dict[str, Any]:
                            "failureThreshold": 3},
         "resources": {"requests": {"cpu": "2", "memory": "1Gi"},
                       "limits": {"memory": "4Gi"}},
-        "securityContext": restricted_container_security(),
+        "securityContext": restricted_container_security(own_user=True),
     }

@@ -26,10 +26,11 @@ from longctx_core import contract
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.router_placement import router_placement
-from longctx_operator.controller.builders.workload import cluster_ip_service, service_account_objects
+from longctx_operator.controller.builders.workload import (
+    cluster_ip_service, nonroot_pod_security, restricted_container_security,
+    service_account_objects)
 
 COMPONENT = contract.ROUTER_COMPONENT
-NONROOT_UID = 65532
 METRICS_PORT_NAME = "metrics"
 # The pods a scale-down takes out of the pool, on the router's pod template: a change rolls
 # the router, whose new pod discovers only the pods still serving.
@@ -114,9 +115,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                     "terminationGracePeriodSeconds": _drain_seconds(plan) + 10,
                     "serviceAccountName": contract.vllm_router(cr_name),
                     "automountServiceAccountToken": True,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
-                                        "runAsGroup": NONROOT_UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": nonroot_pod_security(),
                     "containers": [{
                         "name": "vllm-router",
                         "image": plan.spec.router.vllmRouterImage,
@@ -141,8 +140,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
                                            "periodSeconds": 2, "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
                                       "limits": {"memory": "4Gi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False,
-                                            "capabilities": {"drop": ["ALL"]}},
+                        "securityContext": restricted_container_security(read_only_root=False),
                     }],
                 },
             },

@@ -6,6 +6,33 @@ from __future__ import annotations
 
 from typing import Any
 
+NONROOT_UID = 65532  # the llm-d images' user (Dockerfile.epp, Dockerfile.sidecar), and ours
+
+
+def nonroot_pod_security(fs_group: bool = False) -> dict[str, Any]:
+    """The pod's securityContext: a non-root user and group, RuntimeDefault seccomp; with
+    `fs_group`, mounted volumes owned by that group."""
+    out: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": NONROOT_UID,
+                           "runAsGroup": NONROOT_UID}
+    if fs_group:
+        out["fsGroup"] = NONROOT_UID
+    out["seccompProfile"] = {"type": "RuntimeDefault"}
+    return out
+
+
+def restricted_container_security(read_only_root: bool = True, own_user: bool = False
+                                  ) -> dict[str, Any]:
+    """A container's securityContext under the restricted Pod Security Standard; vllm-router
+    writes to its root filesystem (`read_only_root=False`); llm-d's containers name their
+    user and seccomp profile themselves (`own_user`), as llm-d's own manifests do."""
+    out: dict[str, Any] = {"allowPrivilegeEscalation": False}
+    if read_only_root:
+        out["readOnlyRootFilesystem"] = True
+    out["capabilities"] = {"drop": ["ALL"]}
+    if own_user:
+        out.update(nonroot_pod_security())
+    return out
+
 
 def service_account_objects(meta: dict[str, Any], rules: list[dict[str, Any]]
                             ) -> list[dict[str, Any]]:
