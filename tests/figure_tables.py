@@ -115,8 +115,18 @@ def endpoint_outcome(f: dict[str, Any]) -> str:
     if "equal_to_no_fault" in f:
         parts.append(f"{cell(f['equal_to_no_fault'])} equal to their no-fault answer")
     if f.get("continued"):
-        parts.append(f"{cell(int(f['continued']))} continued, pausing "
-                     f"{seconds(f.get('pause_s'))} on average")
+        parts.append(f"{cell(int(f['continued']))} continued" + (
+            f", pausing {seconds(f['pause_s'])} on average" if "pause_s" in f else ""))
+    if "other_decode_nixl_tokens" in f:
+        parts.append(f"finished by the other decode, which read "
+                     f"{cell(int(f['other_decode_nixl_tokens']))} prompt tokens over NIXL and "
+                     f"computed {cell(int(f['other_decode_computed_tokens']))}")
+    if f.get("differed"):
+        parts.append("recomputing the prefix flipped " + ", ".join(
+            f"token {d['token']} (logit margin {cell(d['margin'])})" for d in f["differed"]))
+    elif "closest_greedy_choice" in f:
+        parts.append("no greedy choice flipped (the closest logit margin "
+                     f"{cell(f['closest_greedy_choice'])})")
     if f.get("served_by_prefill"):
         parts.append(f"{cell(int(f['served_by_prefill']))} served by prefill alone while "
                      "decode restarted")

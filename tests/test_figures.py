@@ -133,9 +133,18 @@ def test_the_fault_and_bench_tables_read_what_their_modules_record(docs, monkeyp
     faults.record("side channel", {"error": "stream error: {'code': 500}", "tokens": 0,
                                    "client_s_after_stop": 5.0, "nixl_failed": 1.0,
                                    "served_again_s": 0.7, "failed_after_resume": 0})
+    faults.record("two decodes", {"tokens": 768, "equal_to_no_fault": 2, "continued": 2.0,
+                                  "pause_s": 0.8, "other_decode_nixl_tokens": 300.0,
+                                  "other_decode_computed_tokens": 0.0,
+                                  "closest_greedy_choice": 0.0312,
+                                  "differed": [{"token": 40, "margin": 0.0156}]})
     make_figures(monkeypatch, figures.this_run())
     text = (docs / "data-path.md").read_text()
     assert "| decode lost mid-answer | 60 tokens, no error | 0.4 s | - | 44.0 s | - |" in text
+    assert ("| two decodes | 768 tokens, no error | - | - | - | 2 equal to their no-fault "
+            "answer, 2 continued, pausing 0.8 s on average, finished by the other decode, "
+            "which read 300 prompt tokens over NIXL and computed 0, recomputing the prefix "
+            "flipped token 40 (logit margin 0.016) |") in text
     assert ("| side channel | stream error: {'code': 500} | 5.0 s | 1 | - | served again after "
             "0.7 s, 0 failed first |") in text
     point = {"concurrency": 4, "requests": 8, "failures": 0, "throughput_tok_s_per_gpu": 115.3,

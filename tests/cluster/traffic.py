@@ -39,6 +39,9 @@ class Outcome:
     text: str = ""                      # the answer's content
     done: bool = False                  # the stream ended with `data: [DONE]`
     token_ids: list[int] = field(default_factory=list)   # with return_token_ids
+    # With top_logprobs 2: each token's log-probability over the runner-up's, which is the
+    # margin of their logits (one normalizer).
+    margins: list[float] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -76,6 +79,10 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, timeout: flo
                         out.tokens += 1
                         out.text += content
                     out.token_ids += choice.get("token_ids") or []
+                    for entry in (choice.get("logprobs") or {}).get("content") or []:
+                        best = sorted((t["logprob"] for t in entry["top_logprobs"]),
+                                      reverse=True)
+                        out.margins.append(best[0] - best[1])
                     if choice.get("finish_reason") not in (None, "length", "stop"):
                         out.error = f"finish_reason {choice['finish_reason']}"
                 if chunk.get("usage"):

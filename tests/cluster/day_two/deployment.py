@@ -106,11 +106,11 @@ class Deployment:
 
     def settle(self, warm: bool = True, timeout: float = READY_TIMEOUT) -> None:
         """The CR Ready with every pod it wants Ready and none leaving, and vllm-router
-        listing every engine. With `warm`, decode has made its NIXL handshake with every
-        prefill engine (one request through each, as the router would send it: the first
-        transfer from an engine takes 20-30 s here, during which the starved decode can
-        miss its probes and the router drops it), and one request is served through the
-        router."""
+        listing every engine. With `warm`, each decode engine has made its NIXL handshake
+        with every prefill engine (one request through each pair, as the router would send
+        it: the first transfer from an engine takes 20-30 s here, during which the starved
+        decode can miss its probes and the router drops it), and one request is served
+        through the router."""
         def settled() -> bool:
             cr = self.real.lcd(self.name, self.namespace)
             status = cr.get("status") or {}
@@ -127,11 +127,11 @@ class Deployment:
             return all(p["status"]["podIP"] in listed for p in pods)
         wait_for(settled, timeout, f"{self.namespace}/{self.name} to settle", 1)
         if warm:
-            (decode,) = self.urls("decode").values()
-            for i, prefill in enumerate(self.urls("prefill").values()):
-                disaggregated(prefill, decode, {
-                    "model": self.model, "max_tokens": 2, "temperature": 0,
-                    "messages": [{"role": "user", "content": words(40, seed=90 + i)}]})
+            for decode in self.urls("decode").values():
+                for i, prefill in enumerate(self.urls("prefill").values()):
+                    disaggregated(prefill, decode, {
+                        "model": self.model, "max_tokens": 2, "temperature": 0,
+                        "messages": [{"role": "user", "content": words(40, seed=90 + i)}]})
             assert chat(self.router(), self.model, words(40, seed=99), 2)
 
     def pod(self, name: str) -> dict[str, Any]:

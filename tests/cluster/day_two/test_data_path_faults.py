@@ -8,19 +8,19 @@ Each fault lands at a known point of a request:
 - prefill lost with the KV decode still has to read: decode is held (SIGSTOP) while the
   router's prefill leg runs, and the prefill engine that served it is SIGKILLed before
   decode resumes;
-- decode lost mid-answer: SIGKILL of the decode engine while it streams;
+- decode lost mid-answer: SIGKILL of the decode engine while it streams, with the
+  deployment's one decode pod, then with two (decode scaled up for that case and back);
 - NIXL side channel unreachable: right after decode's restart, so decode has made no
-  handshake yet (an earlier one would let it read the KV without the side channel), a
-  prefill engine is stopped (SIGSTOP, at most 20 s) between the prefill leg and the
-  decode leg.
+  handshake yet (an earlier one would let it read the KV without the side channel), the
+  prefill engine that ran the prefill legs is stopped (SIGSTOP, at most 20 s) before the
+  decode legs.
 
 For each, the operator must post an Event and set the DataPathHealthy condition within
 REPORT_SECONDS, naming the pod, the fault and what clients saw, from what it already reads
 (pod status, the engines' /metrics).
 
-The cases run in this order; the last one's requests after the fault are also the first
-served by the restarted decode engine. Bounded: 15 requests after settling, each at most
-300 s.
+The cases run in this order; the side channel's requests are the first a (re)started
+decode engine serves. Bounded: 24 requests after settling, each at most 300 s.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ STOP_SECONDS = 20
 ENDPOINT_ANSWERS = 2
 ENDPOINT_TOKENS = 1024
 DURING_RESTART = 2
+# Two decode pods (the second on core 1 beside the first): greedy answers through the
+# endpoint on both when one dies, long enough that the kill lands mid-answer.
+TWO_DECODES = {"decode": {"replicas": 2}}
+ONE_DECODE = {"decode": {"replicas": 1}}
+TWO_DECODE_ANSWERS = 3
+TWO_DECODE_TOKENS = 256
+# A greedy choice whose best two tokens are closer than this (in log-probability, the
+# margin of their logits) may flip when the prefix is recomputed instead of decoded token
+# by token: the tiny model runs in bf16, which rounds a logit of a few units by hundredths.
+NEAR_TIE = 0.1
 # The endpoint's give-up window while every engine is stopped (spec.endpoint.continuation).
 GIVE_UP_SECONDS = 10
 # Each case, its test and what the test requires of the clients (docs/reliability.md).
@@ -70,10 +80,16 @@ CASES = [
      "straight through the router, the answer in flight cut off within 30 s (no error "
      "event); through the endpoint, every answer complete and equal to its no-fault "
      "answer, the requests sent while decode restarts served by prefill"),
+    ("decode engine SIGKILLed mid-answer, two decode pods, requests through the endpoint",
+     "test_decode_lost_mid_answer_with_two_decode_pods",
+     "nothing: every answer complete, continued by the other decode (its prompt's KV over "
+     "NIXL), equal to its no-fault answer unless recomputing the prefix flipped a near tie "
+     f"(logit margin under {NEAR_TIE}, recorded)"),
     ("NIXL side channel unreachable (prefill stopped while decode must handshake)",
      "test_nixl_side_channel_unreachable",
-     f"the request in flight: an error event within {STOP_SECONDS} s, no token; "
-     "served again within 60 s"),
+     f"straight through the router's legs, the request in flight: an error event within "
+     f"{STOP_SECONDS} s, no token; served again within 60 s. Through the endpoint: "
+     "complete, equal to its no-fault answer"),
     ("every engine stopped (SIGSTOP), requests through the endpoint",
      "test_every_engine_stopped_the_endpoint_gives_up_within_its_bound",
      "an error event and [DONE], or a 503 with a JSON error, within twice the give-up "
@@ -110,6 +126,13 @@ def in_background(fn: Callable[[], Outcome]) -> tuple[threading.Thread, list[Out
     thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
     thread.start()
     return thread, out
+
+
+def joined(thread: threading.Thread, out: list[Outcome]) -> Outcome:
+    """What a request started by in_background got (it has 300 s)."""
+    thread.join(300)
+    (outcome,) = out
+    return outcome
 
 
 def prefill_legs(deployment, requests: list[Callable[[], Outcome]]
@@ -176,8 +199,7 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     finally:
         signal_engine(decode, signal.SIGCONT)
     prefill = killed_pods[0]
-    thread.join(300)
-    (got,) = out
+    got = joined(thread, out)
     waited = time.monotonic() - killed
     case = "prefill lost before decode read its KV"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
@@ -190,8 +212,7 @@ def test_prefill_lost_before_decode_read_its_kv(deployment):
     FIGURES.record(case, report)
     trace, seconds_back = back(deployment, prefill["metadata"]["name"], restarts(prefill))
     FIGURES.record(case, {"status": trace, "back_s": round(seconds_back)})
-    continued.join(300)
-    (through,) = answer
+    through = joined(continued, answer)
     FIGURES.record(f"{case}, through the endpoint", {
         "error": through.error, "tokens": len(through.token_ids),
         "client_s_after_kill": round(time.monotonic() - killed, 1), "sent": 1,
@@ -248,13 +269,9 @@ def test_decode_lost_mid_answer(deployment):
     time.sleep(1)          # a few tokens streamed
     signal_engine(decode, signal.SIGKILL)
     killed = time.monotonic()
-    thread.join(300)
-    (got,) = out
+    got = joined(thread, out)
     waited = time.monotonic() - killed
-    answers = []
-    for background, result in continued:
-        background.join(300)
-        answers += result
+    answers = [joined(background, result) for background, result in continued]
     case = "decode lost mid-answer"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
                           "client_s_after_kill": round(waited, 1), "sent": 1,
@@ -303,29 +320,143 @@ def test_decode_lost_mid_answer(deployment):
         after_fault["prefill_only"]
 
 
+def running(urls: dict[str, str]) -> dict[str, float]:
+    """The requests each engine (pod: URL) is generating for."""
+    return {pod: metric(metrics(f"{url}/metrics"), "vllm:num_requests_running")
+            for pod, url in urls.items()}
+
+
+def first_difference(answer: Outcome, reference: Outcome) -> dict[str, float] | None:
+    """Where an answer's greedy choice first differs from its no-fault answer, and by what
+    margin the no-fault answer chose there (reference.margins: top_logprobs 2)."""
+    at = next((i for i, (got, want) in enumerate(zip(answer.token_ids, reference.token_ids))
+               if got != want), None)
+    return None if at is None else {"token": at, "margin": round(reference.margins[at], 4)}
+
+
+def test_decode_lost_mid_answer_with_two_decode_pods(deployment):
+    """Decode scaled to two pods; greedy answers through the endpoint on both, and one
+    decode engine SIGKILLed mid-answer: each answer it held is continued through the router
+    by the other decode, whose prompt's KV arrives over NIXL (decode computes none of it),
+    and equals its no-fault answer, or, where recomputing the prefix flipped a near tie,
+    is complete with the margin recorded. The engine killed is the one the scale-down back
+    to one pod keeps (ordinal 0) while it holds an answer: its restart is then the fresh
+    decode the next case needs. The no-fault answers are taken on that one pod before the
+    scale-up, so the other decode holds none of these prompts in its prefix cache."""
+    deployment.settle()
+    endpoint = deployment.endpoint()
+    prompts = [words(120, seed=100 + i) for i in range(TWO_DECODE_ANSWERS)]
+    # With logprobs an answer is retried whole, never continued: only the no-fault ones ask.
+    references = [in_background(lambda p=p: stream_chat(
+        endpoint, deployment.model, p, TWO_DECODE_TOKENS, return_token_ids=True,
+        logprobs=True, top_logprobs=2)) for p in prompts]
+    no_fault = [joined(thread, out) for thread, out in references]
+    assert all(not o.failed and len(o.token_ids) == len(o.margins) == TWO_DECODE_TOKENS
+               for o in no_fault), no_fault
+    scaling = time.monotonic()
+    deployment.apply(TWO_DECODES)
+    try:
+        deployment.settle()           # both decodes listed and handshaken with each prefill
+        scaled_up_s = time.monotonic() - scaling
+        decodes = deployment.urls("decode")
+        kept, added = sorted(decodes, key=lambda name: int(name.rsplit("-", 1)[1]))
+        counts = endpoint_counts(endpoint)
+        known = deployment.events()
+        answering = [in_background(lambda p=p: greedy(endpoint, deployment.model, p,
+                                                       TWO_DECODE_TOKENS)) for p in prompts]
+        wait_for(lambda: sum(running(decodes).values()) >= TWO_DECODE_ANSWERS, 120,
+                 "both decodes to answer", 0.1)
+        time.sleep(1)                 # a few tokens streamed
+        held = running(decodes)
+        killed_pod, other = (kept, added) if held[kept] else (added, kept)
+        before = served(decodes[other]), kv_counters(decodes[other])
+        signal_engine(deployment.pod(killed_pod), signal.SIGKILL)
+        killed = time.monotonic()
+        answers = [joined(thread, out) for thread, out in answering]
+        after_fault = endpoint_counts(endpoint)
+        after = served(decodes[other]), kv_counters(decodes[other])
+        report = reported(deployment, known, killed, ("EngineRestarted", killed_pod))
+    finally:
+        scaling = time.monotonic()
+        deployment.apply(ONE_DECODE)
+    deployment.settle(warm=False)     # the pod added is gone, the one killed back
+    scaled_down_s = time.monotonic() - scaling
+    nixl = {k: after[1][k] - before[1][k] for k in before[1]}
+    differed = [d for a, r in zip(answers, no_fault) if (d := first_difference(a, r))]
+    FIGURES.record("decode lost mid-answer, through the endpoint (two decode pods)", {
+        "sent": len(answers), "failed": sum(a.failed for a in answers),
+        "cut_off": sum(not a.failed and len(a.token_ids) < TWO_DECODE_TOKENS for a in answers),
+        "longest_wait_s": round(max(a.wait for a in answers), 1),
+        "tokens": sum(len(a.token_ids) for a in answers),
+        "equal_to_no_fault": sum(a.token_ids == r.token_ids for a, r in zip(answers, no_fault)),
+        "continued": after_fault["continued"] - counts["continued"],
+        "pause_s": round((after_fault["paused_s"] - counts["paused_s"])
+                         / max(1.0, after_fault["pauses"] - counts["pauses"]), 2),
+        "answers_on_killed_decode": held[killed_pod],
+        "other_decode_requests": after[0][0] - before[0][0],
+        "other_decode_prompt_tokens": after[0][1] - before[0][1],
+        "other_decode_nixl_tokens": nixl["external_kv_transfer"],
+        "other_decode_computed_tokens": nixl["local_compute"],
+        "other_decode_cache_hit_tokens": nixl["local_cache_hit"],
+        "closest_greedy_choice": round(min(m for r in no_fault for m in r.margins), 4),
+        "differed": differed, **report,
+        "scale_up_s": round(scaled_up_s), "scale_down_s": round(scaled_down_s)})
+    assert sum(held.values()) == TWO_DECODE_ANSWERS and held[killed_pod] >= 1, held
+    for answer, reference in zip(answers, no_fault):
+        assert not answer.failed and len(answer.token_ids) == TWO_DECODE_TOKENS, answer
+        difference = first_difference(answer, reference)
+        assert difference is None or difference["margin"] < NEAR_TIE, (difference, answer,
+                                                                        reference)
+    assert after_fault["continued"] - counts["continued"] == held[killed_pod]
+    assert after_fault["given_up"] == counts["given_up"]
+    # The other decode finished its own answers and the continued ones, with their prompt
+    # (the prompt and the tokens generated before the kill) read over NIXL.
+    assert after[0][0] - before[0][0] == sum(held.values()), (before, after)
+    assert nixl["local_compute"] == 0 and nixl["nixl_failed"] == 0, nixl
+    assert nixl["external_kv_transfer"] > 0, nixl
+    assert nixl["external_kv_transfer"] + nixl["local_cache_hit"] == after[0][1] - before[0][1]
+
+
+def read_kv(decode_url: str) -> bool:
+    """Whether a decode engine has read KV (or tried to) since it started: its NIXL
+    handshakes are made then."""
+    counters = kv_counters(decode_url)
+    return counters["nixl_transfers"] + counters["nixl_failed"] > 0
+
+
 def test_nixl_side_channel_unreachable(deployment):
-    """Right after a decode restart, before any request: decode's first KV read must make
-    the NIXL handshake (the case above sent requests through P/D once decode was back, so
-    decode is restarted here). The harness sends the router's two legs itself so that the
-    stop lands between them: the prefill leg, the prefill engine stopped, then the decode
-    leg with the prefill's `kv_transfer_params`, whose stream is what vllm-router passes
-    to the client."""
+    """Right after a decode (re)start, before any request: decode's first KV read must make
+    the NIXL handshake (decode is restarted here unless it has read no KV since it started,
+    as after the case above when it killed the decode pod it keeps). Decode is held
+    (SIGSTOP) while the router's prefill leg of a request through the endpoint runs and the
+    harness sends the prefill leg of another to the same prefill engine; that engine is
+    stopped, decode resumes, and both decode legs must handshake with it. Straight through
+    the router's legs (the decode leg's stream is what vllm-router passes to the client)
+    the request fails; the endpoint's completes, equal to its no-fault answer."""
     deployment.settle(warm=False)
     (decode,) = deployment.pods("decode")
-    signal_engine(decode, signal.SIGKILL)
-    back(deployment, decode["metadata"]["name"], restarts(decode))
-    deployment.settle(warm=False)
+    (decode_url,) = deployment.urls("decode").values()
+    if read_kv(decode_url):
+        signal_engine(decode, signal.SIGKILL)
+        back(deployment, decode["metadata"]["name"], restarts(decode))
     known = deployment.events()
     (decode_url,) = deployment.urls("decode").values()
     (decode,) = deployment.pods("decode")
-    name, prefill_url = next(iter(deployment.urls("prefill").items()))
-    prefill = deployment.pod(name)
+    assert not read_kv(decode_url), kv_counters(decode_url)
+    endpoint = deployment.endpoint()
+    counts = endpoint_counts(endpoint)
     failed_before = kv_counters(decode_url)["nixl_failed"]
-    prompt = words(LONG_PROMPT, seed=44)
-    params = remote_prefill(prefill_url, {
-        "model": deployment.model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    signal_engine(prefill, signal.SIGSTOP)
+    prompt, through_endpoint = words(LONG_PROMPT, seed=44), words(LONG_PROMPT, seed=47)
+    signal_engine(decode, signal.SIGSTOP)
+    try:
+        ((continued, answer),), (prefill,) = prefill_legs(deployment, [
+            lambda: greedy(endpoint, deployment.model, through_endpoint, 8)])
+        params = remote_prefill(deployment.urls("prefill")[prefill["metadata"]["name"]], {
+            "model": deployment.model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        signal_engine(prefill, signal.SIGSTOP)
+    finally:
+        signal_engine(decode, signal.SIGCONT)
     try:
         thread, out = in_background(lambda: stream_chat(
             decode_url, deployment.model, prompt, 8, kv_transfer_params=params))
@@ -333,8 +464,7 @@ def test_nixl_side_channel_unreachable(deployment):
         thread.join(STOP_SECONDS)
     finally:
         signal_engine(prefill, signal.SIGCONT)
-    thread.join(300)
-    (got,) = out
+    got = joined(thread, out)
     waited = time.monotonic() - stopped
     case = "NIXL side channel unreachable"
     FIGURES.record(case, {"error": got.error, "tokens": got.tokens,
@@ -344,6 +474,8 @@ def test_nixl_side_channel_unreachable(deployment):
                           "longest_wait_s": round(got.wait, 1)})
     FIGURES.record(case, reported(deployment, known, stopped,
                                   ("KVTransferFailed", decode["metadata"]["name"])))
+    through = joined(continued, answer)
+    through_s = time.monotonic() - stopped
     assert got.failed and got.tokens == 0, got
     assert waited < STOP_SECONDS, f"the client waited {waited:.0f} s for the side channel"
     # Requests right after the prefill resumes may still meet the failed handshake's state:
@@ -360,6 +492,18 @@ def test_nixl_side_channel_unreachable(deployment):
     FIGURES.record(case, {"failed_after_resume": len(attempts) - 1,
                           "served_again_s": round(time.monotonic() - started, 1),
                           "errors_after_resume": [a.error for a in attempts[:-1]]})
+    reference = greedy(endpoint, deployment.model, through_endpoint, 8)
+    after = endpoint_counts(endpoint)
+    FIGURES.record(f"{case}, through the endpoint", {
+        "error": through.error, "tokens": len(through.token_ids),
+        "client_s_after_stop": round(through_s, 1), "sent": 1,
+        "failed": int(through.failed), "cut_off": int(len(through.token_ids) < 8),
+        "longest_wait_s": round(through.wait, 1),
+        "equal_to_no_fault": int(through.token_ids == reference.token_ids),
+        "continued": after["continued"] - counts["continued"]})
+    assert not through.failed and through.token_ids == reference.token_ids, (through, reference)
+    assert after["continued"] - counts["continued"] == 1 and \
+        after["given_up"] == counts["given_up"], (counts, after)
 
 
 def test_every_engine_stopped_the_endpoint_gives_up_within_its_bound(deployment):
