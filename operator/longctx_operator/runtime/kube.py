@@ -43,6 +43,7 @@ class Cache(Protocol):
     def store(self, kind: str) -> CachedStore | None: ...
     def crd_established(self, name: str) -> bool | None: ...
     def nodes(self) -> list[dict[str, Any]] | None: ...
+    def gpus_in_use(self) -> dict[str, int] | None: ...
 
 
 def collection_path(kind: Kind, namespace: str | None) -> str:
@@ -193,15 +194,17 @@ class Kube:
         self._wrote(manifest["kind"], out)
         return out
 
-    def apply_all(self, manifests: list[dict[str, Any]]) -> None:
+    def apply_all(self, manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Applies the manifests at once (they must not depend on each other's order): a
         reconcile then waits about one write's latency, not the sum of its writes. Every
-        apply is tried; the first failure is raised once all are done."""
+        apply is tried; the first failure is raised once all are done. Returns the objects
+        as the API server answered."""
         futures = [self._writers.submit(self.apply, m) for m in manifests]
         errors = [f.exception() for f in futures]
         failed = next((e for e in errors if e is not None), None)
         if failed is not None:
             raise failed
+        return [f.result() for f in futures]
 
     def _wrote(self, kind: str, out: dict[str, Any] | None) -> None:
         """Keeps a written object's new version: in the cache, since the next reconcile must
@@ -284,6 +287,12 @@ class Kube:
         the operator may not list them (a namespaced install without cluster reads): the
         planner then skips its host-memory check and says so. Never a request of its own."""
         return self.caches.nodes() if self.caches is not None else None
+
+    def gpus_in_use(self) -> dict[str, int] | None:
+        """The GPUs the pods of every namespace request on each node, from the GPU-use
+        cache (cache.GpuUse); None until it has listed them, or when the operator may not
+        list the pods of every namespace. Never a request of its own."""
+        return self.caches.gpus_in_use() if self.caches is not None else None
 
 
 def describe(exc: ApiException, what: str) -> str:
