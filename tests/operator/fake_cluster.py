@@ -104,7 +104,7 @@ class FakeCluster:
         obj["status"] = _merge(obj.get("status") or {}, status)
         self.writes.append(("status", f"{kind}/{name}"))
 
-    def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
+    def crd_exists(self, name: str) -> bool:
         return name in self.crds
 
     def nodes(self) -> Optional[list[dict[str, Any]]]:

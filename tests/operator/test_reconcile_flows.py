@@ -368,8 +368,9 @@ def test_no_reconcile_reads_around_the_caches():
 
 
 def test_equal_snapshots_desire_equal_objects():
-    """The desired state is a pure function of the snapshot: built twice from one snapshot
-    (of a CR mid-drain, with a cordoned node), it is equal, and building it read nothing."""
+    """The desired state is a pure function of the snapshot: desired from two snapshots of
+    the same cluster (a CR whose old decode pod drains, a cordoned node under the router),
+    it is equal, the router's part included, and desiring read and wrote nothing."""
     from longctx_operator.controller.desire import desire, draining_pods, intend
     from longctx_operator.controller.observe import observe
     fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
@@ -380,12 +381,26 @@ def test_equal_snapshots_desire_equal_objects():
     run(fake)
     fake.ready()
     run(fake)
+    fake.objects[("Pod", NS, "tiny-router-x")] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tiny-router-x", "namespace": NS,
+                     "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
+        "spec": {"nodeName": "node-a"}, "status": {}}
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
-    snapshot = observe(fake, copy.deepcopy(fake.objects[(contract.KIND, NS, NAME)]),
-                       reconcile_module._utcnow())
+    cr = fake.objects[(contract.KIND, NS, NAME)]
+    now = reconcile_module._utcnow()
+    snapshots = [observe(fake, copy.deepcopy(cr), now) for _ in range(2)]
     reads = (fake.observed, fake.deployment_reads, len(fake.writes))
-    intent = intend(snapshot)
-    idle = {p["metadata"]["name"]: 1.0 for p in draining_pods(intent)}
-    first, second = desire(snapshot, intent, idle), desire(snapshot, intend(snapshot), idle)
-    assert first.objects and first == second
+    desired = []
+    for snapshot in snapshots:
+        intent = intend(snapshot)
+        desired.append(desire(snapshot, intent, {p["metadata"]["name"]: 1.0
+                                                 for p in draining_pods(intent)}))
+    first, second = desired
+    assert first == second
     assert (fake.observed, fake.deployment_reads, len(fake.writes)) == reads
+    (router,) = [o for o in first.objects if o["kind"] == "Deployment"
+                 and o["metadata"]["name"] == contract.vllm_router(NAME)]
+    annotations = router["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[vllm_router.LEAVING_NODES_ANNOTATION] == "node-a"
+    assert annotations[vllm_router.DRAINING_PODS_ANNOTATION]   # the old decode pod

@@ -70,7 +70,6 @@ class Kube:
         # The resourceVersion of each object's last write by this operator: the watch event
         # carrying that version echoes the write and tells the reconcile nothing new.
         self._written: dict[tuple[str, str, str], str] = {}
-        self._crds: dict[str, tuple[float, bool]] = {}
         self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="apply")
 
     @classmethod
@@ -264,22 +263,17 @@ class Kube:
         metrics.API_WRITES.labels(kind=kind, verb="status").inc()
         self._wrote(kind, out)
 
-    def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
-        """Whether a CRD is installed. A CRD found is trusted for `max_age` seconds; one
-        absent is asked for again each time, so a newly installed one is used at once."""
+    def crd_exists(self, name: str) -> bool:
+        """Whether a CRD is installed and established, from the CRD cache; until that cache
+        has listed (the startup waits for it), asked of the API server each time."""
         cached = self.caches.crd_established(name) if self.caches is not None else None
         if cached is not None:
             return cached
-        checked = self._crds.get(name)
-        if checked and checked[1] and time.monotonic() - checked[0] < max_age:
-            return True
         try:
-            found = self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
-                             name) is not None
+            return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
+                            name) is not None
         except KubeError:
-            found = False  # no permission to read CRDs: treat the optional kind as absent
-        self._crds[name] = (time.monotonic(), found)
-        return found
+            return False  # no permission to read CRDs: treat the optional kind as absent
 
 
     def nodes(self) -> list[dict[str, Any]] | None:
