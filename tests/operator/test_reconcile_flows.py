@@ -183,15 +183,20 @@ def test_a_new_pairing_key_surges_both_roles_while_the_serving_pair_reports_read
     assert "RolloutSwitched" in reasons(run(fake)) and router_revision(fake) == new
 
 
-def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
-    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
-    deploy(fake)
-    old = steady(fake)
+def router_pod_on(fake: FakeCluster, node_name: str) -> None:
+    """vllm-router's pod, running on `node_name`."""
     fake.objects[("Pod", NS, "tiny-router-x")] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "tiny-router-x", "namespace": NS,
                      "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
-        "spec": {"nodeName": "node-a"}, "status": {}}
+        "spec": {"nodeName": node_name}, "status": {}}
+
+
+def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
+    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
+    deploy(fake)
+    old = steady(fake)
+    router_pod_on(fake, "node-a")
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
     before = statefulsets(fake)
     out = run(fake)
@@ -336,11 +341,7 @@ def test_no_reconcile_reads_around_the_caches():
         for _ in range(3):
             fake.ready()
             reconciled_once(fake)
-    fake.objects[("Pod", NS, "tiny-router-x")] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "tiny-router-x", "namespace": NS,
-                     "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
-        "spec": {"nodeName": "node-a"}, "status": {}}
+    router_pod_on(fake, "node-a")
     fake._nodes = [node("node-a", cordoned=True, labels=rack, gpus=1),
                    node("node-b", labels=rack, gpus=1)]
     assert "RouterMoving" in reasons(reconciled_once(fake))
@@ -381,11 +382,7 @@ def test_equal_snapshots_desire_equal_objects():
     run(fake)
     fake.ready()
     run(fake)
-    fake.objects[("Pod", NS, "tiny-router-x")] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "tiny-router-x", "namespace": NS,
-                     "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
-        "spec": {"nodeName": "node-a"}, "status": {}}
+    router_pod_on(fake, "node-a")
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
     cr = fake.objects[(contract.KIND, NS, NAME)]
     now = reconcile_module._utcnow()
