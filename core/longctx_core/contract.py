@@ -19,6 +19,8 @@ PLURAL = "longcontextdeployments"
 
 ROLES = ("prefill", "decode")
 FIELD_MANAGER = "longctx-operator"
+# The extended resource an engine pod requests its GPUs as (the NVIDIA device plugin's).
+GPU_RESOURCE = "nvidia.com/gpu"
 
 # A revision is the NIXL pairing key (revision.pairing_key) of a spec, and a role revision
 # one role's pods within it (the key, or a replacement of that role's pods beside the

@@ -141,9 +141,10 @@ def test_tier2_kv_transfer_and_children(vllm, variant: Variant):
     assert names[0] == "NixlConnector"
     assert vllm.KVConnectorFactory.supports_hma_config(top) is True
     spec = variant.spec()
-    memory = role_plan(spec, variant.role).memory
-    if role_plan(spec, variant.role).hisparse:
-        assert vllm.hisparse_host_pool_gib(top) * 2**30 == memory.hisparse_per_rank
+    plan = role_plan(spec, variant.role)
+    memory = plan.memory
+    if plan.hisparse:
+        assert vllm.hisparse_host_pool_gib(top) * 2**30 == plan.capacity.hisparse_pool_bytes
     else:
         assert "HiSparseConnector" not in names
     if "OffloadingConnector" in names:

@@ -1,6 +1,7 @@
 """The HiSparse host pool: `hostPoolPerRank: auto` is the least pool that holds
-requestsPerRank max-context requests by vLLM's rule, resolved to bytes in one place
-(memory.hisparse_pool_per_rank) that the pod's memory, host_pool_gib and the plan read."""
+requestsPerRank max-context requests by vLLM's rule, resolved to bytes once, by the capacity
+plan (memory.hisparse_pool_per_rank), whose figure the pod's memory, host_pool_gib and the
+capacity rules read."""
 
 from __future__ import annotations
 
@@ -51,11 +52,20 @@ def test_auto_holds_exactly_the_declared_requests_and_no_less_pool_would(request
     assert plan.decode.to_json()["hiSparse"]["hostPoolGiBPerRank"] == round(pool / quantity.GiB, 2)
 
 
-def test_the_pod_memory_and_host_pool_gib_read_the_resolved_pool():
+def test_the_pod_memory_and_host_pool_gib_read_the_resolved_pool(monkeypatch):
     spec = spec_with(decode={"hiSparse": {"hostPoolPerRank": "auto"}})
     pool = memory.hisparse_pool_per_rank(spec)
-    decode = serving_plan(spec).decode
-    assert decode.memory.hisparse_per_rank == pool
+    serving_plan(spec)   # the performance model's own plans, made once per distinct spec
+    resolved = []
+    monkeypatch.setattr(planner, "hisparse_pool_per_rank",
+                        lambda s: resolved.append(s) or memory.hisparse_pool_per_rank(s))
+    plan = serving_plan(spec)
+    decode = plan.decode
+    # Resolved once, by the capacity plan; the role plan carries that same figure, which the
+    # capacity rules (plan.capacity) read too.
+    assert len(resolved) == 1
+    assert decode.capacity is plan.capacity.decode and decode.capacity.hisparse_pool_bytes == pool
+    assert decode.memory == memory.pod_memory(spec, decode.layout, pool)
     explicit = serving_plan(spec_with(decode={"hiSparse": {"hostPoolPerRank": str(pool)}}))
     assert explicit.decode.memory == decode.memory
     argv = pod_command(decode, pod("decode")).argv

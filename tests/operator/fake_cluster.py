@@ -4,7 +4,9 @@ status and metadata patches. It plays no controller: a test makes StatefulSets R
 pods exist itself (`ready`).
 
 It records every read the operator's watch caches could not serve (`uncached`): a list of
-a namespaced kind across all namespaces, which runtime/kube.py sends to the API server."""
+a namespaced kind across all namespaces, which runtime/kube.py sends to the API server; and
+counts the reconcile's snapshots (`observed`: its reads of StatefulSets) and its reads of
+Deployments, the vllm-router's among them (`deployment_reads`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import datetime
 from typing import Any, Optional
 
 from longctx_core import contract
+from longctx_operator.controller.pods import requested_gpus
 from longctx_operator.kinds import Kind
 
 Key = tuple[str, str, str]
@@ -38,6 +41,8 @@ class FakeCluster:
         self.crds = crds
         self.writes: list[tuple[str, str]] = []     # (verb, "Kind/name")
         self.uncached: list[str] = []               # reads the caches cannot serve
+        self.observed = 0                           # lists of the StatefulSets: snapshots
+        self.deployment_reads = 0                   # gets and lists of Deployments
         self.created = 0
 
     # -- the Cluster interface
@@ -45,18 +50,26 @@ class FakeCluster:
     def get(self, api_version: str, kind: str, namespace: Optional[str], name: str
             ) -> Optional[dict[str, Any]]:
         obj = self.objects.get((kind, namespace or "", name))
+        self._count(kind)
         return copy.deepcopy(obj) if obj is not None else None
+
+    def _count(self, kind: str) -> None:
+        self.observed += kind == "StatefulSet"
+        self.deployment_reads += kind == "Deployment"
 
     def list(self, api_version: str, kind: str, namespace: Optional[str],
              label_selector: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
         if namespace is None:
             self.uncached.append(f"list {kind} in all namespaces")
-        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items())
-                if k == kind and (namespace is None or ns == namespace)
-                and all((o["metadata"].get("labels") or {}).get(lk) == lv
-                        for lk, lv in (label_selector or {}).items())]
+        found = [o for (k, ns, _), o in sorted(self.objects.items())
+                 if k == kind and (namespace is None or ns == namespace)
+                 and all((o["metadata"].get("labels") or {}).get(lk) == lv
+                         for lk, lv in (label_selector or {}).items())]
+        self._count(kind)
+        return copy.deepcopy(found)
 
-    def apply_all(self, manifests: list[dict[str, Any]]) -> None:
+    def apply_all(self, manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
         for m in manifests:
             key = (m["kind"], m["metadata"].get("namespace", ""), m["metadata"]["name"])
             live = self.objects.get(key)
@@ -72,6 +85,8 @@ class FakeCluster:
                 "generation", 0) + (live is None or live.get("spec") != m.get("spec"))
             self.objects[key] = obj
             self.writes.append(("apply", f"{key[0]}/{key[2]}"))
+            out.append(copy.deepcopy(obj))
+        return out
 
     def delete(self, api_version: str, kind: str, namespace: Optional[str], name: str) -> None:
         self.objects.pop((kind, namespace or "", name), None)
@@ -89,11 +104,22 @@ class FakeCluster:
         obj["status"] = _merge(obj.get("status") or {}, status)
         self.writes.append(("status", f"{kind}/{name}"))
 
-    def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
+    def crd_exists(self, name: str) -> bool:
         return name in self.crds
 
     def nodes(self) -> Optional[list[dict[str, Any]]]:
         return copy.deepcopy(self._nodes)
+
+    def gpus_in_use(self) -> Optional[dict[str, int]]:
+        """From every pod held, of any namespace (the operator's GPU-use cache)."""
+        if self._nodes is None:
+            return None
+        out: dict[str, int] = {}
+        for (kind, _, _), pod in self.objects.items():
+            node = (pod.get("spec") or {}).get("nodeName")
+            if kind == "Pod" and node:
+                out[node] = out.get(node, 0) + requested_gpus(pod["spec"])
+        return out
 
     # -- what a test plays
 

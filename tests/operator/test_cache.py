@@ -1,4 +1,5 @@
-"""The watch caches' stores: the instance index the reconcile's selectors go through."""
+"""The watch caches' stores: the instance index the reconcile's selectors go through, and
+the GPUs in use on each node."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 from longctx_core import contract
 from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.routers import router_for
-from longctx_operator.runtime.cache import Reflector, Store
+from longctx_operator.runtime.cache import GpuUse, Reflector, Store
 from longctx_operator.controller.desired import desired_objects
 from longctx_operator.controller.drift import matches
 from longctx_operator import kinds
@@ -195,3 +196,27 @@ def test_a_reflector_tells_of_watch_changes_and_of_what_a_later_relist_finds():
     reflector.join(timeout=5)
     assert heard == [("a-sts", "6"), ("a-sts", "7"), ("b-sts", "9")]
     assert store.get("ns", "a-sts") is None and store.get("ns", "b-sts") is not None
+
+
+def gpu_pod(name: str, node: str | None, gpus: int, phase: str = "Running",
+            namespace: str = "team") -> dict:
+    return {"metadata": {"name": name, "namespace": namespace},
+            "spec": {**({"nodeName": node} if node else {}), "containers": [
+                {"name": "c", "resources": {"requests": {contract.GPU_RESOURCE: str(gpus)}}},
+                {"name": "sidecar", "resources": {}}]},
+            "status": {"phase": phase}}
+
+
+def test_gpu_use_counts_what_bound_pods_of_every_namespace_request_until_they_finish():
+    use = GpuUse()
+    assert not use.synced.is_set()
+    use.replace(None, [gpu_pod("a", "n1", 8), gpu_pod("b", "n1", 4, namespace="other"),
+                       gpu_pod("pending", None, 8), gpu_pod("cpu", "n2", 0),
+                       gpu_pod("done", "n2", 8, phase="Succeeded")])
+    assert use.synced.is_set() and use.by_node() == {"n1": 12}
+    assert use.upsert(gpu_pod("pending", "n2", 8))        # bound by the scheduler
+    assert use.upsert(gpu_pod("a", "n1", 8, phase="Failed"))   # finished: its GPUs free
+    assert use.by_node() == {"n1": 4, "n2": 8}
+    assert use.remove(gpu_pod("b", "n1", 4, namespace="other"))
+    assert not use.remove(gpu_pod("cpu", "n2", 0))        # never held
+    assert use.by_node() == {"n2": 8}

@@ -1,5 +1,5 @@
 """The drain of a reconcile reads what the engine watch published, never an engine: no
-HTTP on a reconcile thread (drain.py, engine_load.py)."""
+HTTP on a reconcile thread (drain.py, memory.py, engine_load.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import threading
 from typing import Any
 
 from longctx_operator.controller import drain, engine_load, rollout
+from longctx_operator.controller.memory import Memory
 
 NOW = datetime.datetime(2026, 12, 6, 12, 0, 0, tzinfo=datetime.timezone.utc)
 
 
-def test_a_drain_look_reads_the_watchs_readings_and_no_engine(monkeypatch):
+def test_a_drain_look_reads_the_watchs_readings_and_no_engine():
     hits: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,16 +37,17 @@ def test_a_drain_look_reads_the_watchs_readings_and_no_engine(monkeypatch):
                "status": {"podIP": "127.0.0.1"}}
         revisions = {"old": rollout.Revision("old", {}, [old]),
                      "new": rollout.Revision("new", {}, [])}
-        cr = {"metadata": {"name": "cr", "namespace": "ns"}}
-        loads = engine_load.Loads()
-        monkeypatch.setattr(engine_load, "LOADS", loads)
-        assert drain.look(cr, revisions, "new", "new", NOW) == {}    # nothing read yet
-        loads.publish({"u-old": engine_load.PodLoad(0.0, True, NOW + datetime.timedelta(
+        cr = ("ns", "cr")
+        memory = Memory()
+        pods = drain.draining(revisions, "new", "new")
+        assert pods == [old]
+        assert memory.idle(cr, pods, NOW) == {}    # nothing read yet
+        memory.loads.publish({"u-old": engine_load.PodLoad(0.0, True, NOW + datetime.timedelta(
             seconds=1))})
-        drain.look(cr, revisions, "new", "new", NOW + datetime.timedelta(seconds=2))
-        loads.publish({"u-old": engine_load.PodLoad(0.0, True, NOW + datetime.timedelta(
+        memory.idle(cr, pods, NOW + datetime.timedelta(seconds=2))
+        memory.loads.publish({"u-old": engine_load.PodLoad(0.0, True, NOW + datetime.timedelta(
             seconds=6))})
-        assert drain.look(cr, revisions, "new", "new", NOW + datetime.timedelta(seconds=7)) \
+        assert memory.idle(cr, pods, NOW + datetime.timedelta(seconds=7)) \
             == {"cr-decode-0": 5.0}
         assert hits == []
     finally:

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from longctx_operator.controller import answers, data_path, engine_load
+from longctx_operator.controller import data_path, engine_load
+from longctx_operator.controller.memory import Memory
 from longctx_operator.runtime import engine_watch
 
 FAILED = "vllm:nixl_num_failed_transfers_total"
@@ -104,10 +105,11 @@ class Watch:
     def __init__(self, *pods: dict) -> None:
         self.pods = list(pods)
         self.asked: list[tuple[str, str]] = []
-        self.loads, self.recorded = engine_load.Loads(), data_path.Recorded()
+        memory = Memory()
+        self.loads, self.recorded = memory.loads, memory.recorded
         self.watch = engine_watch.EngineWatch(
-            lambda: self.pods, lambda ns, name: self.asked.append((ns, name)), period=60,
-            loads=self.loads, recorded=self.recorded, answers_=answers.Answers())
+            lambda: self.pods, lambda ns, name: self.asked.append((ns, name)), memory,
+            period=60)
 
     def look(self) -> list[data_path.Growth]:
         return self.watch.look()

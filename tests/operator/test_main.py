@@ -35,7 +35,7 @@ def controller(monkeypatch):
 
 
 def run_once(controller, monkeypatch, result) -> None:
-    def reconcile(kube, cr):
+    def reconcile(kube, cr, memory):
         if isinstance(result, Exception):
             raise result
         return result

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from longctx_core import contract
-from longctx_operator.controller import data_path, rollout_cost
+from longctx_operator.controller import rollout_cost
+from longctx_operator.controller.memory import Memory
 from longctx_operator.controller.builders import vllm_router
 from longctx_operator.controller import reconcile as reconcile_module
 from longctx_operator.controller.reconcile import reconcile
@@ -26,13 +27,24 @@ NS, NAME = "ml", "tiny"
 def no_scrapes(monkeypatch):
     # The fake pods' addresses are never read: a Ready pod that cannot be read is busy.
     monkeypatch.setenv("LONGCTX_ENGINE_METRICS_NETWORKS", "127.0.0.1/32")
-    data_path.RECORDED.forget((NS, NAME))
 
 
-def node(name: str, cordoned: bool = False) -> dict:
-    return {"metadata": {"name": name, "labels": {}},
+@pytest.fixture(autouse=True)
+def memory():
+    """The operator's memory between reconciles: one per test, as one per operator."""
+    MEMORY.clear()
+    MEMORY.append(Memory())
+    return MEMORY[0]
+
+
+MEMORY: list[Memory] = []
+
+
+def node(name: str, cordoned: bool = False, labels: dict | None = None, gpus: int = 0) -> dict:
+    return {"metadata": {"name": name, "labels": dict(labels or {})},
             "spec": {"unschedulable": True} if cordoned else {},
-            "status": {"allocatable": {"memory": "2Ti", "cpu": "64"}}}
+            "status": {"allocatable": {"memory": "2Ti", "cpu": "64",
+                                       **({contract.GPU_RESOURCE: str(gpus)} if gpus else {})}}}
 
 
 def deploy(fake: FakeCluster, **spec) -> dict:
@@ -51,7 +63,7 @@ def edit(fake: FakeCluster, change) -> None:
 
 
 def run(fake: FakeCluster):
-    return reconcile(fake, copy.deepcopy(fake.objects[(contract.KIND, NS, NAME)]))
+    return reconcile(fake, copy.deepcopy(fake.objects[(contract.KIND, NS, NAME)]), MEMORY[0])
 
 
 def status(fake: FakeCluster) -> dict:
@@ -171,15 +183,20 @@ def test_a_new_pairing_key_surges_both_roles_while_the_serving_pair_reports_read
     assert "RolloutSwitched" in reasons(run(fake)) and router_revision(fake) == new
 
 
-def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
-    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
-    deploy(fake)
-    old = steady(fake)
+def router_pod_on(fake: FakeCluster, node_name: str) -> None:
+    """vllm-router's pod, running on `node_name`."""
     fake.objects[("Pod", NS, "tiny-router-x")] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "tiny-router-x", "namespace": NS,
                      "labels": contract.selector_labels(NAME, contract.ROUTER_COMPONENT)},
-        "spec": {"nodeName": "node-a"}, "status": {}}
+        "spec": {"nodeName": node_name}, "status": {}}
+
+
+def test_a_cordoned_node_replaces_the_single_pods_and_moves_the_router():
+    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
+    deploy(fake)
+    old = steady(fake)
+    router_pod_on(fake, "node-a")
     fake._nodes = [node("node-a", cordoned=True), node("node-b")]
     before = statefulsets(fake)
     out = run(fake)
@@ -241,12 +258,12 @@ def test_one_reconcile_plans_once_and_renders_each_role_once(monkeypatch):
     assert calls == {"plan": 1, "render": 2}, calls
 
 
-def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch):
+def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch, memory):
     """A router pod of the old template, still terminating, serves whoever holds its
     address: the old decode pod stays until it is gone, though its engine is idle."""
     from longctx_operator.controller import engine_load
     # The engine watch read every pod idle just now, at each reconcile's time.
-    monkeypatch.setattr(engine_load.LOADS, "of", lambda pod: engine_load.PodLoad(
+    monkeypatch.setattr(memory.loads, "of", lambda pod: engine_load.PodLoad(
         0.0, True, reconcile_module._utcnow()))
     fake = FakeCluster(nodes=[node("node-a")])
     cr = deploy(fake)
@@ -279,18 +296,108 @@ def test_the_old_pods_outlive_an_old_router_pod_still_shutting_down(monkeypatch)
     assert old_decode not in statefulsets(fake)
 
 
+def reconciled_once(fake: FakeCluster):
+    """One reconcile, which reads one snapshot (one read of the StatefulSets) and the
+    Deployments (the vllm-router's) once, both from the caches."""
+    observed, deployment_reads = fake.observed, fake.deployment_reads
+    out = run(fake)
+    assert (fake.observed - observed, fake.deployment_reads - deployment_reads) == (1, 1)
+    return out
+
+
+def pending(fake: FakeCluster, revision: str) -> None:
+    """The revision's pods exist and the scheduler finds no room for them."""
+    for (kind, ns, name), sts in list(fake.objects.items()):
+        if kind == "StatefulSet" and sts["metadata"]["labels"][contract.PAIRING_LABEL] == revision:
+            labels = {**sts["spec"]["template"]["metadata"]["labels"],
+                      contract.POD_INDEX_LABEL: "0"}
+            fake.objects[("Pod", ns, f"{name}-0")] = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{name}-0", "namespace": ns, "labels": labels},
+                "spec": {"containers": sts["spec"]["template"]["spec"]["containers"]},
+                "status": {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}}
+
+
 def test_no_reconcile_reads_around_the_caches():
-    """A new CR, a spec edit that rolls a role and a scale-down: every read a reconcile makes
-    is one the watch caches serve (the Nodes included)."""
-    fake = FakeCluster(nodes=[node("node-a")])
-    deploy(fake)
+    """A new CR, a spec edit that rolls a role, a scale-down, a node drain and a rollout
+    blocked for GPUs, with a topologyKey: each reconcile reads one snapshot, the
+    vllm-router Deployment once, and nothing the watch caches cannot serve (the Nodes and
+    the GPUs in use included)."""
+    rack = {"example.com/rack": "r1", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    fake = FakeCluster(nodes=[node("node-a", labels=rack, gpus=1),
+                              node("node-b", labels=rack, gpus=1)])
+    deploy(fake, placement={"topologyKey": "example.com/rack"})
     edit(fake, lambda s: s["prefill"].update(replicas=2))
-    steady(fake)
+    for _ in range(4):
+        fake.ready()
+        reconciled_once(fake)
+    assert status(fake)["phase"] == "Ready", status(fake)
     for change in (lambda s: s["engine"].setdefault("extraArgs", {}).update(
                        {"decode": ["--max-num-seqs", "3"]}),
                    lambda s: s["prefill"].update(replicas=1)):
         edit(fake, change)
         for _ in range(3):
             fake.ready()
-            run(fake)
+            reconciled_once(fake)
+    router_pod_on(fake, "node-a")
+    fake._nodes = [node("node-a", cordoned=True, labels=rack, gpus=1),
+                   node("node-b", labels=rack, gpus=1)]
+    assert "RouterMoving" in reasons(reconciled_once(fake))
+    del fake.objects[("Pod", NS, "tiny-router-x")]
+    fake._nodes = [node("node-a", labels=rack, gpus=1), node("node-b", labels=rack, gpus=1)]
+    for _ in range(4):
+        fake.ready()
+        reconciled_once(fake)
+    # Another team's pod holds node-b's GPU: what the GPU-use cache counts.
+    fake.objects[("Pod", "other-team", "trainer")] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": "other-team", "labels": {}},
+        "spec": {"nodeName": "node-b", "containers": [{"name": "t", "resources": {
+            "requests": {contract.GPU_RESOURCE: "1"}}}]}, "status": {"phase": "Running"}}
+    serving = status(fake)["revision"]
+    edit(fake, lambda s: s["engine"].update(image=s["engine"]["image"] + "-next"))
+    reconciled_once(fake)
+    (new,) = revisions(fake) - {serving}
+    pending(fake, new)
+    reconciled_once(fake)
+    blocked = next(c for c in status(fake)["conditions"] if c["type"] == "RolloutBlocked")
+    assert blocked["status"] == "True", blocked
+    assert "needs 2 more" in blocked["message"] and "free: 1" in blocked["message"], blocked
     assert fake.uncached == []
+
+
+def test_equal_snapshots_desire_equal_objects():
+    """The desired state is a pure function of the snapshot: desired from two snapshots of
+    the same cluster (a CR whose old decode pod drains, a cordoned node under the router),
+    it is equal, the router's part included, and desiring read and wrote nothing."""
+    from longctx_operator.controller.desire import desire, draining_pods, intend
+    from longctx_operator.controller.observe import observe
+    fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
+    deploy(fake)
+    steady(fake)
+    edit(fake, lambda s: s["engine"].setdefault("extraArgs", {}).update(
+        {"decode": ["--max-num-seqs", "3"]}))
+    run(fake)
+    fake.ready()
+    run(fake)
+    router_pod_on(fake, "node-a")
+    fake._nodes = [node("node-a", cordoned=True), node("node-b")]
+    cr = fake.objects[(contract.KIND, NS, NAME)]
+    now = reconcile_module._utcnow()
+    snapshots = [observe(fake, copy.deepcopy(cr), now) for _ in range(2)]
+    reads = (fake.observed, fake.deployment_reads, len(fake.writes))
+    desired = []
+    for snapshot in snapshots:
+        intent = intend(snapshot)
+        desired.append(desire(snapshot, intent, {p["metadata"]["name"]: 1.0
+                                                 for p in draining_pods(intent)}))
+    first, second = desired
+    assert first == second
+    assert (fake.observed, fake.deployment_reads, len(fake.writes)) == reads
+    (router,) = [o for o in first.objects if o["kind"] == "Deployment"
+                 and o["metadata"]["name"] == contract.vllm_router(NAME)]
+    annotations = router["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[vllm_router.LEAVING_NODES_ANNOTATION] == "node-a"
+    assert annotations[vllm_router.DRAINING_PODS_ANNOTATION]   # the old decode pod

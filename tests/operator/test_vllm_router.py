@@ -51,37 +51,44 @@ def live(dep: dict[str, Any], generation: int = 2, observed: int = 2, replicas: 
 
 
 def draining(pods: list[str]) -> dict[str, Any]:
-    dep = deployment()
-    vllm_router.roll_for_draining(dep, pods)
+    (dep,) = [o for o in vllm_router.vllm_router_objects(CR, PLAN, None, tuple(pods))
+              if o["kind"] == "Deployment"]
     return dep
 
 
 ROLLED = [
-    ("rolled out", draining(["b", "a"]), live(draining(["a", "b"])), True),
-    ("no live Deployment", draining(["a"]), None, False),
-    ("the template still names other pods", draining(["a"]), live(draining(["b"])), False),
-    ("the template has not been applied", draining(["a"]), live(deployment()), False),
-    ("the controller has not seen the new generation", draining(["a"]),
+    ("rolled out", ["b", "a"], live(draining(["a", "b"])), True),
+    ("no live Deployment", ["a"], None, False),
+    ("the template still names other pods", ["a"], live(draining(["b"])), False),
+    ("the template has not been applied", ["a"], live(deployment()), False),
+    ("the controller has not seen the new generation", ["a"],
      live(draining(["a"]), observed=1), False),
-    ("an old router pod still runs beside the new one", draining(["a"]),
+    ("an old router pod still runs beside the new one", ["a"],
      live(draining(["a"]), replicas=2), False),
-    ("the new router pod is not yet available", draining(["a"]),
+    ("the new router pod is not yet available", ["a"],
      live(draining(["a"]), available=0), False),
     ("nothing draining: a stale annotation of an earlier scale-down does not count",
-     deployment(), live(draining(["old-1"])), True),
+     None, live(draining(["old-1"])), True),
 ]
 
 
 @pytest.mark.parametrize("case", ROLLED, ids=[c[0] for c in ROLLED])
 def test_rolled_out(case):
-    _, desired, live_dep, expected = case
-    assert vllm_router.rolled_out(desired, live_dep) is expected
+    _, pods, live_dep, expected = case
+    assert vllm_router.rolled_out(live_dep, PLAN.revision, pods) is expected
 
 
 def test_a_router_discovering_another_revision_has_not_rolled_out():
     other = live(deployment())
     other["spec"]["template"]["metadata"]["labels"][contract.PAIRING_LABEL] = "other"
-    assert not vllm_router.rolled_out(deployment(), other)
+    assert not vllm_router.rolled_out(other, PLAN.revision)
+
+
+def test_a_node_drain_names_the_nodes_to_leave_on_the_template():
+    (dep,) = [o for o in vllm_router.vllm_router_objects(CR, PLAN, None, (), ("n2", "n1"))
+              if o["kind"] == "Deployment"]
+    assert vllm_router.leaving_nodes(dep) == ["n1", "n2"]
+    assert vllm_router.leaving_nodes(deployment()) == []
 
 
 def test_a_leaving_router_pod_serves_what_it_holds_for_the_request_timeout():

@@ -16,7 +16,7 @@ from longctx_core.plan.revision import pairing_key
 from longctx_core.plan.faults import FaultSettings, fault_settings
 from longctx_core.sizing.layout import EnginePorts, Layout, engine_ports, role_layout
 from longctx_core.sizing.performance import summary_at_max_context
-from longctx_core.sizing.planner import CapacityPlan, plan as capacity_plan
+from longctx_core.sizing.planner import CapacityPlan, RoleCapacity, plan as capacity_plan
 from longctx_core.sizing.memory import PodMemory, hisparse_enabled, pod_memory
 from longctx_core.plan.rules import RecipeError, validate
 from longctx_core.launch import LaunchDocument
@@ -29,6 +29,9 @@ class RolePlan:
     layout: Layout
     ports: EnginePorts
     memory: PodMemory
+    # The role's figures in the capacity plan: the one carrier of the HiSparse pool's bytes
+    # (capacity.hisparse), which host_pool_gib and the capacity rules both read.
+    capacity: RoleCapacity
     pairing_key: str
     faults: FaultSettings       # the data path's timeouts and failure policy (faults.py)
     # The role revision the role's objects belong to: the pairing key, or a replacement of
@@ -99,13 +102,17 @@ class ServingPlan:
         return tuple(sorted(set(self.prefill.ports.serving) | set(self.decode.ports.serving)))
 
 
-def role_plan(spec: LongContextDeploymentSpec, role: str,
-              faults: FaultSettings | None = None) -> RolePlan:
+def role_plan(spec: LongContextDeploymentSpec, role: str, faults: FaultSettings | None = None,
+              capacity: CapacityPlan | None = None) -> RolePlan:
+    """One role's plan; `capacity`: the spec's capacity plan, when already made."""
     layout = role_layout(spec, role)
+    capacity = capacity or capacity_plan(spec)
+    figures = capacity.prefill if role == "prefill" else capacity.decode
     return RolePlan(spec=spec, role=role, layout=layout,
                     ports=engine_ports(layout, spec.kvTransfer.sideChannelPort,
                                        spec.router.decode_sidecar),
-                    memory=pod_memory(spec, layout), pairing_key=pairing_key(spec),
+                    memory=pod_memory(spec, layout, figures.hisparse_pool_bytes),
+                    capacity=figures, pairing_key=pairing_key(spec),
                     faults=faults or fault_settings(spec))
 
 
@@ -117,7 +124,8 @@ def serving_plan(spec: LongContextDeploymentSpec, cr_name: str | None = None,
     capacity = capacity or capacity_plan(spec)
     faults, prediction = _priced(json.dumps(dump_spec(spec), sort_keys=True),
                                  capacity.decode.max_concurrent)
-    return ServingPlan(spec, *(role_plan(spec, role, faults) for role in contract.ROLES),
+    return ServingPlan(spec, *(role_plan(spec, role, faults, capacity)
+                               for role in contract.ROLES),
                        capacity=capacity, prediction=prediction)
 
 

@@ -77,18 +77,28 @@ def problems(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> 
         out.append(name_problem(cr_name))
     for role in ROLES:
         try:
-            pod_memory(spec, role_layout(spec, role))
+            pod_memory(spec, role_layout(spec, role), hisparse_pool=0)   # the pool: below
         except ValueError as e:
             out.append(str(e))
         out += extra_args_problems(spec, role)
     out += toleration_problems(spec)
     out += cpu_platform.problems(spec)
-    if spec.decode.hiSparse.enabled and spec.decode.hiSparse.hostPoolPerRank != AUTO \
-            and not _positive(spec.decode.hiSparse.hostPoolPerRank):
-        out.append(f"spec.decode.hiSparse.hostPoolPerRank is {spec.decode.hiSparse.hostPoolPerRank}"
-                   "; it must be positive with HiSparse (or set spec.decode.hiSparse.enabled "
-                   "to false)")
+    out += _pool_problems(spec)
     return list(dict.fromkeys(out))
+
+
+def _pool_problems(spec: LongContextDeploymentSpec) -> list[str]:
+    """A HiSparse host pool that is not a positive quantity (`auto` is one)."""
+    pool = spec.decode.hiSparse.hostPoolPerRank
+    if not spec.decode.hiSparse.enabled or pool == AUTO:
+        return []
+    try:
+        if parse_bytes(pool, "spec.decode.hiSparse.hostPoolPerRank") > 0:
+            return []
+    except ValueError as e:
+        return [str(e)]
+    return [f"spec.decode.hiSparse.hostPoolPerRank is {pool}; it must be positive with "
+            "HiSparse (or set spec.decode.hiSparse.enabled to false)"]
 
 
 # core/v1 Toleration: its fields and, for the enumerated ones, their values.
@@ -119,13 +129,6 @@ def toleration_problems(spec: LongContextDeploymentSpec) -> list[str]:
                 out.append(f"{where}.{name} is {value!r}; it must be one of "
                            f"{', '.join(repr(v) for v in _TOLERATION_VALUES[name])}")
     return out
-
-
-def _positive(quantity: str) -> bool:
-    try:
-        return parse_bytes(quantity) > 0
-    except ValueError:
-        return True   # reported as malformed above
 
 
 def validate(spec: LongContextDeploymentSpec, cr_name: Optional[str] = None) -> None:

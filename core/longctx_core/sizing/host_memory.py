@@ -10,7 +10,7 @@ from longctx_core.sizing import models, placement
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.sizing.kv_sizing import hisparse_host_requests
 from longctx_core.sizing.layout import role_layout
-from longctx_core.sizing.memory import hisparse_enabled, hisparse_pool_per_rank, pod_memory
+from longctx_core.sizing.memory import hisparse_enabled, pod_memory
 from longctx_core.quantity import AUTO, GiB, MiB, gib, parse_bytes
 
 # GPU feature discovery's label: one GPU's memory in MiB.
@@ -43,7 +43,7 @@ class NodeMemory:
 
 
 def _host_memory_fix(spec: LongContextDeploymentSpec, role: str, need: int,
-                     allocatable: int) -> tuple[str, str]:
+                     allocatable: int, pool: int) -> tuple[str, str]:
     """The spec field that holds most of one pod's host memory (with its value), and the
     change of it that makes the pod fit `allocatable`."""
     r = getattr(spec, role)
@@ -51,7 +51,6 @@ def _host_memory_fix(spec: LongContextDeploymentSpec, role: str, need: int,
                r.cpuOffloadPerRank)]
     hs = spec.decode.hiSparse
     if hisparse_enabled(spec, role):
-        pool = hisparse_pool_per_rank(spec)
         fields.append((pool, "spec.decode.hiSparse.hostPoolPerRank",
                        f"{hs.hostPoolPerRank} = {gib(pool)} GiB" if hs.hostPoolPerRank == AUTO
                        else hs.hostPoolPerRank))
@@ -70,13 +69,13 @@ def _host_memory_fix(spec: LongContextDeploymentSpec, role: str, need: int,
             "fields or the ranks per pod, or use nodes with more memory")
 
 
-def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory]]
-                ) -> tuple[dict[str, Any], Optional[str], Optional[str]]:
+def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory]],
+                hisparse_pool: int) -> tuple[dict[str, Any], Optional[str], Optional[str]]:
     """Each role's pod memory (CPU offload in /dev/shm, HiSparse pinned pools, process RSS
     and page-cache headroom: memory.pod_memory) and one GPU's memory against the nodes the
     placement selects. Returns (the plan's hostMemory object, a refusal, a note); `nodes`
     None means no node list (offline, or no permission to list nodes): nothing is checked."""
-    pods = {role: pod_memory(spec, role_layout(spec, role)).request
+    pods = {role: pod_memory(spec, role_layout(spec, role), hisparse_pool).request
             for role in ("prefill", "decode")}
     out: dict[str, Any] = {f"{role}PodGiB": gib(need) for role, need in pods.items()}
     if nodes is None:
@@ -93,7 +92,8 @@ def host_memory(spec: LongContextDeploymentSpec, nodes: Optional[list[NodeMemory
     problems = []
     for role, need in pods.items():
         if need > largest.allocatable:
-            field, change = _host_memory_fix(spec, role, need, largest.allocatable)
+            field, change = _host_memory_fix(spec, role, need, largest.allocatable,
+                                             hisparse_pool)
             problems.append(
                 f"{field} makes each {role} pod need {gib(need)} GiB "
                 f"of host memory (CPU offload, HiSparse pools, /dev/shm and process memory), "

@@ -41,8 +41,9 @@ def hisparse_min_pool_bytes(arch: Architecture, tokens: int, kv_cache_dtype: str
 
 def hisparse_pool_per_rank(spec: LongContextDeploymentSpec) -> int:
     """Bytes of one decode rank's HiSparse host pool: spec.decode.hiSparse.hostPoolPerRank,
-    or for `auto` the least pool that holds requestsPerRank max-context requests. The one
-    place `auto` becomes bytes (the pod's memory, host_pool_gib and the plan read this)."""
+    or for `auto` the least pool that holds requestsPerRank max-context requests. The
+    capacity plan calls it once (planner.HiSparseCapacity.host_pool_bytes); the pod's
+    memory, host_pool_gib and the capacity rules read the plan's figure."""
     hs = spec.decode.hiSparse
     if hs.hostPoolPerRank == AUTO:
         return hisparse_min_pool_bytes(models.resolve_architecture(spec.model),
@@ -56,13 +57,14 @@ class PodMemory:
     """Bytes of one pod of a role."""
 
     offload_per_rank: int     # OffloadingConnector cpu_bytes_to_use of one rank
-    hisparse_per_rank: int    # HiSparse pinned host pool of one rank (0 without HiSparse)
     shm: int                  # the /dev/shm emptyDir's size limit
     request: int              # the pod's memory request and limit
 
 
-def pod_memory(spec: LongContextDeploymentSpec, layout: Layout) -> PodMemory:
-    """Memory of one pod.
+def pod_memory(spec: LongContextDeploymentSpec, layout: Layout, hisparse_pool: int
+               ) -> PodMemory:
+    """Memory of one pod; `hisparse_pool`: one decode rank's HiSparse host pool, as the
+    capacity plan resolved it (pinned by each rank of a HiSparse decode pod).
 
     /dev/shm: each engine rank's OffloadingConnector maps
     `/dev/shm/vllm_offload_<engine_id>.mmap` of up to cpu_bytes_to_use bytes, and vLLM
@@ -84,12 +86,11 @@ def pod_memory(spec: LongContextDeploymentSpec, layout: Layout) -> PodMemory:
         weights = models.resolve_architecture(spec.model).parameterBytes
         kv = cpu_platform.kv_cache_space_gib(spec) * GiB
         request = kv + cpu_platform.ENGINE_RSS + (parse_bytes(weights) if weights else 0)
-        return PodMemory(offload_per_rank=0, hisparse_per_rank=0, shm=cpu_platform.SHM,
-                         request=request)
+        return PodMemory(offload_per_rank=0, shm=cpu_platform.SHM, request=request)
     offload = parse_bytes(getattr(spec, role).cpuOffloadPerRank, f"spec.{role}.cpuOffloadPerRank")
-    pool = hisparse_pool_per_rank(spec) if hisparse_enabled(spec, role) else 0
+    pool = hisparse_pool if hisparse_enabled(spec, role) else 0
     n = layout.ranks_per_pod
     shm = n * offload + SHM_BASE_MARGIN + SHM_MARGIN_PER_GPU * layout.gpusPerPod
     request = (n * offload + n * pool + RSS_PER_GPU_WORKER * layout.gpusPerPod
                + RSS_PER_ENGINE_RANK * n + RSS_POD_BASE)
-    return PodMemory(offload_per_rank=offload, hisparse_per_rank=pool, shm=shm, request=request)
+    return PodMemory(offload_per_rank=offload, shm=shm, request=request)

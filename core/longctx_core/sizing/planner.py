@@ -112,6 +112,11 @@ class RoleCapacity:
             out["hiSparse"] = self.hisparse.to_json()
         return out
 
+    @property
+    def hisparse_pool_bytes(self) -> int:
+        """One rank's HiSparse host pool (0 without HiSparse)."""
+        return self.hisparse.host_pool_bytes if self.hisparse is not None else 0
+
 
 @dataclass(frozen=True)
 class CapacityPlan:
@@ -261,7 +266,7 @@ def _hisparse_gpu_fix(spec: LongContextDeploymentSpec, arch: Architecture,
 
 
 def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: BytesPerToken,
-                 layout: Layout) -> RoleCapacity:
+                 layout: Layout, pool: int) -> RoleCapacity:
     tokens = spec.maxContextTokens
     dtype = spec.engine.kvCacheDtype
     budget = kv_budget_per_gpu(spec, arch, layout)
@@ -272,7 +277,6 @@ def _plan_decode(spec: LongContextDeploymentSpec, arch: Architecture, bpt: Bytes
     hisparse: HiSparseCapacity
     min_pool = hisparse_min_pool_bytes(arch, tokens, dtype)
     if hs.enabled:
-        pool = hisparse_pool_per_rank(spec)
         host_requests = hisparse_host_requests(arch, pool, tokens, dtype)
         gpu_per_request = hisparse_gpu_bytes_per_request(arch, spec, bpt)
         gpu_requests = budget.kv // gpu_per_request if budget.kv is not None and budget.kv > 0 \
@@ -353,8 +357,10 @@ def plan(spec: LongContextDeploymentSpec,
     bpt = kv_bytes_per_token(arch, dtype)
     prefill_layout, decode_layout = role_layouts(spec)
     prefill = _plan_prefill(spec, arch, bpt, prefill_layout)
-    decode = _plan_decode(spec, arch, bpt, decode_layout)
-    host, host_refusal, host_note = host_memory(spec, nodes)
+    # The one place the HiSparse pool becomes bytes; everything after reads the plan's.
+    pool = hisparse_pool_per_rank(spec) if spec.decode.hiSparse.enabled else 0
+    decode = _plan_decode(spec, arch, bpt, decode_layout, pool)
+    host, host_refusal, host_note = host_memory(spec, nodes, pool)
     gpu_problems = gpu_quantity_problems(spec)
     if gpu_problems:
         host_refusal = "; ".join(gpu_problems + ([host_refusal.rstrip(".")] if host_refusal

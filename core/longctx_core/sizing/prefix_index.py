@@ -33,7 +33,7 @@ from typing import Optional
 
 from longctx_core.api.spec import LongContextDeploymentSpec
 from longctx_core.sizing.memory import (BLOCK_TOKENS, HISPARSE_SPARE_PAGES, hisparse_enabled,
-                     hisparse_page_bytes, hisparse_pool_per_rank)
+                     hisparse_page_bytes)
 from longctx_core.sizing.planner import CapacityPlan, RoleCapacity, plan as capacity_plan
 
 
@@ -65,8 +65,8 @@ def hisparse_host_tokens_per_rank(spec: LongContextDeploymentSpec, plan: Capacit
     none)."""
     if not hisparse_enabled(spec, "decode"):
         return 0
-    pages = hisparse_pool_per_rank(spec) // hisparse_page_bytes(plan.architecture,
-                                                                plan.kv_cache_dtype)
+    pages = plan.decode.hisparse_pool_bytes // hisparse_page_bytes(plan.architecture,
+                                                                   plan.kv_cache_dtype)
     return max(pages - HISPARSE_SPARE_PAGES, 0) * BLOCK_TOKENS
 
 

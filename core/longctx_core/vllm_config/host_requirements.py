@@ -37,10 +37,11 @@ def host_requirements(plan: RolePlan) -> list[Requirement]:
             "shm", cpu_platform.SHM_NEED, f"vLLM's shared-memory rings between its processes "
             f"({_gib(cpu_platform.SHM_NEED)})", f"mount /dev/shm as an emptyDir with medium "
             f"Memory and sizeLimit of at least {_gib(memory.shm)}"))
-    pools = n * memory.hisparse_per_rank
+    pool = plan.capacity.hisparse_pool_bytes if plan.hisparse else 0
+    pools = n * pool
     parts, fields = [], []
     if pools:
-        parts.append(f"HiSparse pins {n} x {_gib(memory.hisparse_per_rank)} = {_gib(pools)} "
+        parts.append(f"HiSparse pins {n} x {_gib(pool)} = {_gib(pools)} "
                      "(spec.decode.hiSparse.hostPoolPerRank)")
         fields.append("spec.decode.hiSparse.hostPoolPerRank")
     if offload:

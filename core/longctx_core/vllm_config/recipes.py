@@ -74,7 +74,7 @@ def kv_transfer_config(plan: RolePlan) -> dict:
     if plan.hisparse:
         children.append({"kv_connector": "HiSparseConnector", "kv_role": "kv_consumer",
                          "kv_connector_extra_config": {
-                             "host_pool_gib": _gib_number(plan.memory.hisparse_per_rank)}})
+                             "host_pool_gib": _gib_number(plan.capacity.hisparse_pool_bytes)}})
     offload = plan.memory.offload_per_rank
     if offload:
         children.append({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",

@@ -98,5 +98,7 @@ class Answers:
                            f"{status['givenUp']} in all"))
         return status, events
 
-
-ANSWERS = Answers()
+    def forget(self, cr: CR) -> None:
+        with self._lock:
+            self._pending.pop(cr, None)
+            self._totals.pop(cr, None)

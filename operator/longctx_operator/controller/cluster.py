@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 
-
 class KubeError(RuntimeError):
     """An API call failed for good; the message names the object and the API's reason."""
 
@@ -19,7 +18,9 @@ class Cluster(Protocol):
     def list(self, api_version: str, kind: str, namespace: Optional[str],
              label_selector: Optional[dict[str, str]] = None) -> list[dict[str, Any]]: ...
 
-    def apply_all(self, manifests: list[dict[str, Any]]) -> None: ...
+    def apply_all(self, manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Server-side applies; the objects as the API server answered."""
+        ...
 
     def delete(self, api_version: str, kind: str, namespace: Optional[str], name: str
                ) -> None: ...
@@ -30,8 +31,13 @@ class Cluster(Protocol):
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                      status: dict[str, Any]) -> None: ...
 
-    def crd_exists(self, name: str, max_age: float = 60.0) -> bool: ...
+    def crd_exists(self, name: str) -> bool: ...
 
     def nodes(self) -> Optional[list[dict[str, Any]]]:
         """Every Node; None when they cannot be listed (a namespaced install)."""
+        ...
+
+    def gpus_in_use(self) -> Optional[dict[str, int]]:
+        """The GPUs the pods of every namespace request on each node (pods bound and not
+        finished); None when they cannot be listed."""
         ...

@@ -245,8 +245,6 @@ class Recorded:
             self._reported.pop(cr, None)
 
 
-RECORDED = Recorded()
-
 
 def condition(faults: list[Fault], now: datetime.datetime) -> tuple[dict[str, str], Optional[float]]:
     """The DataPathHealthy condition (type, status, reason, message) and the seconds until

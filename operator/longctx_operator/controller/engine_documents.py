@@ -13,7 +13,6 @@ from longctx_core.vllm_config.recipes import EngineCommand
 from longctx_core.plan.roles import ServingPlan
 from longctx_core.plan.rules import RecipeError
 
-from longctx_operator.controller.cluster import Cluster
 from longctx_operator.controller.rendering import document
 
 
@@ -29,12 +28,11 @@ def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
                           + "; ".join(mismatches))
 
 
-def check_in_place_pair(kube: Cluster, cr: dict[str, Any], plan: ServingPlan) -> None:
+def check_in_place_pair(cr: dict[str, Any], plan: ServingPlan,
+                        live: dict[str, Any] | None) -> None:
     """An in-place roll restarts only the role whose launch document changed: its new
-    engines pair with the other role's running ones, which run the live documents."""
-    meta = cr["metadata"]
-    live = kube.get("v1", "ConfigMap", meta["namespace"],
-                    contract.engine_configmap(meta["name"], plan.revision))
+    engines pair with the other role's running ones, which run the live documents (the
+    revision's `live` engine ConfigMap)."""
     data = (live or {}).get("data") or {}
     new = {role.role: document(cr, role) for role in plan.roles}
     try:

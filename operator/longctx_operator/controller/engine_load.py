@@ -11,8 +11,8 @@ idle: the drain then lasts its window. `LONGCTX_ENGINE_METRICS_NETWORKS` (comma-
 CIDRs; any address when unset) limits the pod IPs the operator connects to; a pod outside
 them counts as one that cannot be read.
 
-A reconcile reads only the watch's last readings (LOADS), never an engine: a slow engine
-never delays it. Between a request's prefill leg and its decode leg both engines report 0
+A reconcile reads only the watch's last readings (`Loads`, in controller/memory.py), never
+an engine: a slow engine never delays it. Between a request's prefill leg and its decode leg both engines report 0
 for a moment, so one reading proves nothing: a pod is drained only after it was idle at two
 readings at least rollout.IDLE_CONFIRM_SECONDS apart, both taken after the drain first
 looked at it (IdleTracker). The tracker lives in the operator's memory; a restarted
@@ -92,8 +92,6 @@ class Loads:
             return self._by_uid.get(pod_uid(pod))
 
 
-LOADS = Loads()
-
 
 def pod_uid(pod: dict[str, Any]) -> str:
     return pod["metadata"].get("uid") or pod["metadata"]["name"]
@@ -106,8 +104,8 @@ class IdleTracker:
         self._first_look: dict[str, datetime.datetime] = {}
         self._since: dict[str, datetime.datetime] = {}
 
-    def look(self, pods: list[dict[str, Any]], now: datetime.datetime,
-             loads: Optional[Loads] = None) -> dict[str, float]:
+    def look(self, pods: list[dict[str, Any]], now: datetime.datetime, loads: Loads
+             ) -> dict[str, float]:
         """{pod name: seconds between the first and the last idle reading}, for the pods
         idle at every reading taken since the drain first looked at them; busy pods, and
         pods not read since, are left out. Only these pods are remembered: one that drains
@@ -118,7 +116,7 @@ class IdleTracker:
         for pod in pods:
             uid = pod_uid(pod)
             first[uid] = self._first_look.get(uid, now)
-            reading = (loads or LOADS).of(pod)
+            reading = loads.of(pod)
             if reading is None or reading.read_at < first[uid] or not reading.idle:
                 continue
             since[uid] = self._since.get(uid, reading.read_at)

@@ -1,9 +1,12 @@
 """What an engine pod's status says went wrong, in words (pure): read by the CR's status
-and by the rollout, which both judge the same pods."""
+and by the rollout, which both judge the same pods; and the GPUs a pod requests."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from longctx_core import contract
+from longctx_core.quantity import parse_bytes
 
 # A container restarted this often (or in CrashLoopBackOff) turns the CR Degraded.
 RESTARTS_DEGRADED = 3
@@ -33,3 +36,9 @@ def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
             if cond["type"] == "PodScheduled" and cond["status"] == "False":
                 return f"pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}"
     return None
+
+
+def requested_gpus(pod_spec: dict[str, Any]) -> int:
+    """The GPUs a pod (or a pod template's spec) requests, over its containers."""
+    return sum(parse_bytes(str(((c.get("resources") or {}).get("requests") or {}).get(
+        contract.GPU_RESOURCE, 0))) for c in pod_spec.get("containers") or [])

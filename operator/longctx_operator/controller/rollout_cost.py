@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from longctx_core.quantity import parse_bytes
 from longctx_core.plan.roles import ServingPlan
 
 from longctx_operator.controller.builders.engine import statefulset
+from longctx_operator.controller.pods import requested_gpus
 from longctx_operator.controller.replacement import Replacement, changes_template
 from longctx_operator.controller.rollout import Revision
 from longctx_operator.controller.routers import Router
@@ -31,8 +31,7 @@ def pod_gpus(sts: Optional[dict[str, Any]]) -> int:
     """GPUs one pod of a StatefulSet requests."""
     if not sts:
         return 0
-    return sum(parse_bytes(str(((c.get("resources") or {}).get("requests") or {}).get(
-        "nvidia.com/gpu", 0))) for c in sts["spec"]["template"]["spec"]["containers"])
+    return requested_gpus(sts["spec"]["template"]["spec"])
 
 
 def replicas(sts: Optional[dict[str, Any]]) -> int:

@@ -1,13 +1,16 @@
 """The router in front of a deployment's engines, resolved once from `spec.router`.
 
-Each router type is one implementation of `Router`: the objects it adds, what it needs on
-the engine pods, the revision it sends requests to, whether it has switched to a revision,
-how it reports readiness, where clients reach it and where `longctx bench` sends requests.
-No other module asks which router a spec uses; they call `router_for(spec)`.
+Each router type is one implementation of `Router`: the objects it adds (with what the
+drains ask of them, `RouterEdits`), what it needs on the engine pods, and, read from one
+reconcile's snapshot, the revision it sends requests to, whether it has switched, the
+drained nodes its pods must leave and its readiness; where clients reach it and where
+`longctx bench` sends requests. No other module asks which router a spec uses; they call
+`router_for(spec)`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from longctx_core import contract
@@ -18,10 +21,19 @@ from longctx_core.plan.roles import RolePlan, ServingPlan
 from longctx_operator.controller.builders import picker, vllm_router
 from longctx_operator.controller.builders.router import (llmd_objects, pod_annotations,
                                                          routing_sidecar)
-from longctx_operator.controller.cluster import Cluster
-from longctx_operator import kinds
+from longctx_operator.controller.observe import Snapshot
 
 Status = tuple[bool, str, str]   # RouterReady: (ready, reason, message)
+
+
+@dataclass(frozen=True)
+class RouterEdits:
+    """What the drains ask of the router's objects, as inputs to its builder: the pods that
+    left the pool (a scale-down, a role swap), which it must never discover again, and the
+    drained nodes its pods run on, which they must leave."""
+
+    draining_pods: tuple[str, ...] = ()
+    leaving_nodes: tuple[str, ...] = ()
 
 
 class Router:
@@ -30,7 +42,8 @@ class Router:
     # Whether it decides per request to skip the prefill pool (llm-d's P/D decider).
     decides_disaggregation = False
 
-    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:
+    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str,
+                edits: RouterEdits = RouterEdits()) -> list[dict[str, Any]]:
         """Its objects, sending requests to the `serving` revision."""
         return []
 
@@ -45,32 +58,32 @@ class Router:
         """The Deployment that runs it (its readiness is the RouterReady condition)."""
         return None
 
-    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
+    def serving_revision(self, snapshot: Snapshot) -> Optional[str]:
         """The revision it sends requests to, as the cluster shows it (None: none yet)."""
         return None
 
-    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
+    def selects_only(self, snapshot: Snapshot, revision: str) -> bool:
         """Whether every one of its pods sends requests to `revision` only."""
         return True
 
-    def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
-                  pods: list[str]) -> bool:
-        """Makes its `desired` objects send nothing new to `pods`, whose serving label a
-        scale-down turns off; whether its running pods already do."""
+    def left_out(self, snapshot: Snapshot, revision: str, pods: list[str]) -> bool:
+        """Whether its running pods send nothing new to `pods`, whose serving label a drain
+        turned off, its objects discovering `revision`."""
         return True
 
-    def move_off(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
-                 cordoned: set[str]) -> list[str]:
-        """Makes its `desired` objects move its pods off the `cordoned` nodes (a drain);
-        the nodes it starts to move off (not those a move already under way leaves)."""
+    def nodes_to_leave(self, snapshot: Snapshot) -> list[str]:
+        """The drained (cordoned) nodes its pods run on (not pods already going)."""
         return []
 
-    def status(self, kube: Cluster, cr: dict[str, Any]) -> Optional[Status]:
-        name = self.deployment(cr["metadata"]["name"])
+    def asked_to_leave(self, snapshot: Snapshot) -> list[str]:
+        """The nodes its live objects already ask its pods to leave."""
+        return []
+
+    def status(self, snapshot: Snapshot) -> Optional[Status]:
+        name = self.deployment(snapshot.cr["metadata"]["name"])
         if name is None:
             return None
-        return picker.picker_status(kube.get("apps/v1", "Deployment",
-                                             cr["metadata"]["namespace"], name))
+        return picker.picker_status(snapshot.child("Deployment", name))
 
     def endpoint(self, cr_name: str, namespace: str) -> str:
         """Where clients send requests, in words (status.endpoint)."""
@@ -84,7 +97,8 @@ class Router:
 
 class LlmD(Router):
     """llm-d: an InferencePool, the endpoint picker and the decode routing sidecar
-    (builders/router.py, builders/picker.py). The pool's selector is the serving revision."""
+    (builders/router.py, builders/picker.py). The pool's selector is the serving revision;
+    the picker drops a pod as soon as its serving label turns off, so it needs no edits."""
 
     decides_disaggregation = True
 
@@ -97,7 +111,8 @@ class LlmD(Router):
                             "vllm-router")
         self.spec = router
 
-    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:
+    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str,
+                edits: RouterEdits = RouterEdits()) -> list[dict[str, Any]]:
         return llmd_objects(cr, plan, serving)
 
     def pod_monitor(self, cr: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -113,21 +128,15 @@ class LlmD(Router):
     def deployment(self, cr_name: str) -> Optional[str]:
         return contract.picker(cr_name)
 
-    # The picker drops a pod as soon as its serving label turns off: leave_out is True.
-
-    def _pool_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
-        meta = cr["metadata"]
-        pool = kube.get(kinds.KIND_BY_NAME["InferencePool"].api_version, "InferencePool",
-                        meta["namespace"], contract.inference_pool(meta["name"]))
+    def serving_revision(self, snapshot: Snapshot) -> Optional[str]:
+        pool = snapshot.child("InferencePool",
+                              contract.inference_pool(snapshot.cr["metadata"]["name"]))
         return (((pool or {}).get("spec") or {}).get("selector") or {}).get(
             "matchLabels", {}).get(contract.PAIRING_LABEL)
 
-    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
-        return self._pool_revision(kube, cr)
-
-    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
+    def selects_only(self, snapshot: Snapshot, revision: str) -> bool:
         # The picker follows the pool's selector at once.
-        return self._pool_revision(kube, cr) == revision
+        return self.serving_revision(snapshot) == revision
 
     def endpoint(self, cr_name: str, namespace: str) -> str:
         gateway = self.spec.gateway
@@ -143,10 +152,14 @@ class LlmD(Router):
 
 class VllmRouter(Router):
     """vLLM's own router (builders/vllm_router.py): a Deployment that discovers the serving
-    revision's pods by label; its pod template names that revision."""
+    revision's pods by label; its pod template names that revision. Its discovery may keep
+    a pod whose labels stop matching, so a drain rolls it to a pod that never discovers the
+    pods leaving the pool; a node drain rolls it off the node (its PDB refuses eviction)."""
 
-    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str) -> list[dict[str, Any]]:
-        return vllm_router.vllm_router_objects(cr, plan, serving)
+    def objects(self, cr: dict[str, Any], plan: ServingPlan, serving: str,
+                edits: RouterEdits = RouterEdits()) -> list[dict[str, Any]]:
+        return vllm_router.vllm_router_objects(cr, plan, serving, edits.draining_pods,
+                                               edits.leaving_nodes)
 
     def pod_monitor(self, cr: dict[str, Any]) -> Optional[dict[str, Any]]:
         return vllm_router.vllm_router_pod_monitor(cr)
@@ -154,61 +167,34 @@ class VllmRouter(Router):
     def deployment(self, cr_name: str) -> Optional[str]:
         return contract.vllm_router(cr_name)
 
-    def _live(self, kube: Cluster, cr: dict[str, Any]) -> Optional[dict[str, Any]]:
-        meta = cr["metadata"]
-        return kube.get("apps/v1", "Deployment", meta["namespace"],
-                        contract.vllm_router(meta["name"]))
+    def _live(self, snapshot: Snapshot) -> Optional[dict[str, Any]]:
+        return snapshot.child("Deployment", contract.vllm_router(snapshot.cr["metadata"]["name"]))
 
-    def serving_revision(self, kube: Cluster, cr: dict[str, Any]) -> Optional[str]:
-        return vllm_router.serving_revision(self._live(kube, cr))
+    def serving_revision(self, snapshot: Snapshot) -> Optional[str]:
+        return vllm_router.serving_revision(self._live(snapshot))
 
-    def selects_only(self, kube: Cluster, cr: dict[str, Any], revision: str) -> bool:
-        desired = {"spec": {"template": {"metadata": {"labels": {
-            contract.PAIRING_LABEL: revision}}}}}
-        if not vllm_router.rolled_out(desired, self._live(kube, cr)):
-            return False
+    def selects_only(self, snapshot: Snapshot, revision: str) -> bool:
         # An old router pod still shutting down serves whoever still holds its address: the
         # revision it discovers must outlive it.
-        return all((p["metadata"].get("labels") or {}).get(contract.PAIRING_LABEL) == revision
-                   for p in self._pods(kube, cr))
+        return vllm_router.rolled_out(self._live(snapshot), revision) and all(
+            (p["metadata"].get("labels") or {}).get(contract.PAIRING_LABEL) == revision
+            for p in snapshot.component_pods(contract.ROUTER_COMPONENT))
 
-    def _pods(self, kube: Cluster, cr: dict[str, Any]) -> list[dict[str, Any]]:
-        meta = cr["metadata"]
-        return kube.list("v1", "Pod", meta["namespace"],
-                         contract.selector_labels(meta["name"], contract.ROUTER_COMPONENT))
-
-    def leave_out(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
-                  pods: list[str]) -> bool:
-        # Its discovery may keep a pod whose labels stop matching: the router rolls to a
-        # pod that never discovers them (builders/vllm_router.py).
-        name = contract.vllm_router(cr["metadata"]["name"])
-        deployment = next(o for o in desired if o["kind"] == "Deployment"
-                          and o["metadata"]["name"] == name)
-        vllm_router.roll_for_draining(deployment, pods)
-        if not vllm_router.rolled_out(deployment, kube.get(
-                "apps/v1", "Deployment", cr["metadata"]["namespace"], name)):
-            return False
+    def left_out(self, snapshot: Snapshot, revision: str, pods: list[str]) -> bool:
         # A router pod still shutting down serves whoever holds its address.
-        return all(set(pods) <= vllm_router.draining_pods(p) for p in self._pods(kube, cr))
+        return vllm_router.rolled_out(self._live(snapshot), revision, pods) and all(
+            set(pods) <= vllm_router.draining_pods(p)
+            for p in snapshot.component_pods(contract.ROUTER_COMPONENT))
 
-    def move_off(self, kube: Cluster, cr: dict[str, Any], desired: list[dict[str, Any]],
-                 cordoned: set[str]) -> list[str]:
-        if not cordoned:
-            return []
-        meta = cr["metadata"]
-        nodes = sorted({p["spec"].get("nodeName") for p in self._pods(kube, cr)
-                        if (p.get("spec") or {}).get("nodeName") in cordoned
-                        and not p["metadata"].get("deletionTimestamp")})
-        if not nodes:
-            return []
-        name = contract.vllm_router(meta["name"])
-        deployment = next(o for o in desired if o["kind"] == "Deployment"
-                          and o["metadata"]["name"] == name)
-        vllm_router.roll_off_nodes(deployment, nodes)
-        live = self._live(kube, cr) or {}
-        asked = (((live.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
-            "annotations", {}).get(vllm_router.LEAVING_NODES_ANNOTATION)
-        return [] if asked == ",".join(nodes) else nodes
+    def nodes_to_leave(self, snapshot: Snapshot) -> list[str]:
+        cordoned = snapshot.cordoned
+        return sorted({p["spec"].get("nodeName")
+                       for p in snapshot.component_pods(contract.ROUTER_COMPONENT)
+                       if (p.get("spec") or {}).get("nodeName") in cordoned
+                       and not p["metadata"].get("deletionTimestamp")})
+
+    def asked_to_leave(self, snapshot: Snapshot) -> list[str]:
+        return vllm_router.leaving_nodes(self._live(snapshot))
 
     def endpoint(self, cr_name: str, namespace: str) -> str:
         return f"service {namespace}/{contract.vllm_router(cr_name)}:{contract.VLLM_ROUTER_PORT}"

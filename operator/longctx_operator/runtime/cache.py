@@ -1,5 +1,6 @@
 """Watch caches of what a reconcile reads: one list-then-watch reflector per cached kind
-(the CRs, their children and the engine pods).
+(the CRs, their children and the engine pods), the Nodes, the CRDs, and the GPUs the pods
+of every namespace request on each node (GpuUse).
 
 A reconcile reads these stores instead of the API server, so it makes no GET or LIST of
 its own. Each reflector lists the objects (of a child kind, those its `watch_labels`
@@ -28,6 +29,7 @@ import urllib3
 
 from longctx_core import contract
 
+from longctx_operator.controller.pods import requested_gpus
 from longctx_operator.runtime.kube import Kube, KubeError, collection_path
 from longctx_operator import kinds
 
@@ -212,12 +214,63 @@ class Store:
 Changed = Callable[[str, dict[str, Any]], None]   # (kind, the object or its metadata)
 
 
+class GpuUse:
+    """The GPUs the pods of every namespace request on each node: of each pod bound to a
+    node, not finished and requesting GPUs, only its node and its GPUs (a pod's requests
+    do not change). Fed by a Reflector like a Store; the GPU-shortage check of a blocked
+    rollout reads it (controller/desire.py), so no reconcile lists the cluster's pods."""
+
+    def __init__(self) -> None:
+        self.kind = kinds.KIND_BY_NAME["Pod"]
+        self._lock = threading.Lock()
+        self._pods: dict[Key, tuple[str, int]] = {}
+        self.synced = threading.Event()
+
+    @staticmethod
+    def _use(obj: dict[str, Any]) -> tuple[Key, tuple[str, int] | None]:
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        node, gpus = spec.get("nodeName"), requested_gpus(spec)
+        if not node or not gpus or status.get("phase") in ("Succeeded", "Failed"):
+            return key, None
+        return key, (node, gpus)
+
+    def replace(self, scope: str | None, items: Iterable[dict[str, Any]],
+                version: str = "") -> list[dict[str, Any]]:
+        uses = {key: use for key, use in map(self._use, items) if use is not None}
+        with self._lock:
+            self._pods = uses
+        self.synced.set()
+        return []   # nothing is told of a change: a freed GPU reconciles no CR
+
+    def upsert(self, obj: dict[str, Any]) -> bool:
+        key, use = self._use(obj)
+        with self._lock:
+            if use is None:
+                return self._pods.pop(key, None) is not None
+            self._pods[key] = use
+        return True
+
+    def remove(self, obj: dict[str, Any]) -> bool:
+        key, _ = self._use(obj)
+        with self._lock:
+            return self._pods.pop(key, None) is not None
+
+    def by_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self._lock:
+            for node, gpus in self._pods.values():
+                out[node] = out.get(node, 0) + gpus
+        return out
+
+
 class Reflector(threading.Thread):
     """Keeps one Store in step with the API server (daemon thread), and tells `changed` of
     every object that the store now holds at a new version or no longer holds: from the
     watch, and from a relist after the first (what changed while no watch ran)."""
 
-    def __init__(self, kube: Kube, store: Store, namespace: str | None, selector: str,
+    def __init__(self, kube: Kube, store: Store | GpuUse, namespace: str | None, selector: str,
                  ready: Callable[[], bool | None] = lambda: True, changed: Changed | None = None):
         super().__init__(daemon=True, name=f"reflector-{store.kind.plural}")
         self.kube, self.store, self.namespace = kube, store, namespace
@@ -305,6 +358,11 @@ class Caches:
         self.nodes_store = Store(kinds.KIND_BY_NAME["Node"], (None,))
         self._reflectors = [Reflector(kube, self.crds, None, selector=""),
                             Reflector(kube, self.nodes_store, None, selector="", changed=changed)]
+        # The GPUs in use on each node, for a blocked rollout's message: other workloads'
+        # pods hold GPUs too. Only a cluster-wide install reads every namespace's pods.
+        self.gpu_use = GpuUse()
+        if not namespaces:
+            self._reflectors.append(Reflector(kube, self.gpu_use, None, selector=""))
         self.stores = {k.kind: Store(k, scopes) for k in kinds.CACHED_KINDS}
         for k in kinds.CACHED_KINDS:
             ready = (lambda name=k.crd: self.crd_established(name)) if k.crd else lambda: True
@@ -332,6 +390,11 @@ class Caches:
     def nodes(self) -> list[dict[str, Any]] | None:
         """Every Node, once listed (None before, or when the operator may not list them)."""
         return self.nodes_store.all() if self.nodes_store.synced.is_set() else None
+
+    def gpus_in_use(self) -> dict[str, int] | None:
+        """The GPUs requested on each node, once listed (None before, or in a namespaced
+        install)."""
+        return self.gpu_use.by_node() if self.gpu_use.synced.is_set() else None
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
         """The engine pods the cache holds on `node`."""

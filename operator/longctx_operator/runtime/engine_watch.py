@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from longctx_core import contract
 
 from longctx_operator.controller import answers, data_path, engine_load
+from longctx_operator.controller.memory import Memory
 
 log = logging.getLogger(__name__)
 PERIOD_ENV = "LONGCTX_ENGINE_WATCH_SECONDS"
@@ -85,16 +86,15 @@ class Baseline:
 
 class EngineWatch(threading.Thread):
     """The periodic reads (a daemon thread). `pods()` gives the pods to read;
-    `fault_seen(namespace, cr name)` asks for a reconcile."""
+    `fault_seen(namespace, cr name)` asks for a reconcile; what it reads goes to the
+    operator's `memory`."""
 
     def __init__(self, pods: Callable[[], list[dict[str, Any]]],
-                 fault_seen: Callable[[str, str], None], period: float | None = None,
-                 loads: engine_load.Loads = engine_load.LOADS,
-                 recorded: data_path.Recorded = data_path.RECORDED,
-                 answers_: answers.Answers = answers.ANSWERS):
+                 fault_seen: Callable[[str, str], None], memory: Memory,
+                 period: float | None = None):
         super().__init__(daemon=True, name="engine-watch")
         self.pods, self.fault_seen = pods, fault_seen
-        self.loads, self.recorded, self.answers = loads, recorded, answers_
+        self.loads, self.recorded, self.answers = memory.loads, memory.recorded, memory.answers
         self.period = period if period is not None else float(
             os.environ.get(PERIOD_ENV, DEFAULT_PERIOD_SECONDS))
         self.stopping = threading.Event()

@@ -43,6 +43,7 @@ class Cache(Protocol):
     def store(self, kind: str) -> CachedStore | None: ...
     def crd_established(self, name: str) -> bool | None: ...
     def nodes(self) -> list[dict[str, Any]] | None: ...
+    def gpus_in_use(self) -> dict[str, int] | None: ...
 
 
 def collection_path(kind: Kind, namespace: str | None) -> str:
@@ -69,7 +70,6 @@ class Kube:
         # The resourceVersion of each object's last write by this operator: the watch event
         # carrying that version echoes the write and tells the reconcile nothing new.
         self._written: dict[tuple[str, str, str], str] = {}
-        self._crds: dict[str, tuple[float, bool]] = {}
         self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="apply")
 
     @classmethod
@@ -193,15 +193,17 @@ class Kube:
         self._wrote(manifest["kind"], out)
         return out
 
-    def apply_all(self, manifests: list[dict[str, Any]]) -> None:
+    def apply_all(self, manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Applies the manifests at once (they must not depend on each other's order): a
         reconcile then waits about one write's latency, not the sum of its writes. Every
-        apply is tried; the first failure is raised once all are done."""
+        apply is tried; the first failure is raised once all are done. Returns the objects
+        as the API server answered."""
         futures = [self._writers.submit(self.apply, m) for m in manifests]
         errors = [f.exception() for f in futures]
         failed = next((e for e in errors if e is not None), None)
         if failed is not None:
             raise failed
+        return [f.result() for f in futures]
 
     def _wrote(self, kind: str, out: dict[str, Any] | None) -> None:
         """Keeps a written object's new version: in the cache, since the next reconcile must
@@ -261,22 +263,17 @@ class Kube:
         metrics.API_WRITES.labels(kind=kind, verb="status").inc()
         self._wrote(kind, out)
 
-    def crd_exists(self, name: str, max_age: float = 60.0) -> bool:
-        """Whether a CRD is installed. A CRD found is trusted for `max_age` seconds; one
-        absent is asked for again each time, so a newly installed one is used at once."""
+    def crd_exists(self, name: str) -> bool:
+        """Whether a CRD is installed and established, from the CRD cache; until that cache
+        has listed (the startup waits for it), asked of the API server each time."""
         cached = self.caches.crd_established(name) if self.caches is not None else None
         if cached is not None:
             return cached
-        checked = self._crds.get(name)
-        if checked and checked[1] and time.monotonic() - checked[0] < max_age:
-            return True
         try:
-            found = self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
-                             name) is not None
+            return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None,
+                            name) is not None
         except KubeError:
-            found = False  # no permission to read CRDs: treat the optional kind as absent
-        self._crds[name] = (time.monotonic(), found)
-        return found
+            return False  # no permission to read CRDs: treat the optional kind as absent
 
 
     def nodes(self) -> list[dict[str, Any]] | None:
@@ -284,6 +281,12 @@ class Kube:
         the operator may not list them (a namespaced install without cluster reads): the
         planner then skips its host-memory check and says so. Never a request of its own."""
         return self.caches.nodes() if self.caches is not None else None
+
+    def gpus_in_use(self) -> dict[str, int] | None:
+        """The GPUs the pods of every namespace request on each node, from the GPU-use
+        cache (cache.GpuUse); None until it has listed them, or when the operator may not
+        list the pods of every namespace. Never a request of its own."""
+        return self.caches.gpus_in_use() if self.caches is not None else None
 
 
 def describe(exc: ApiException, what: str) -> str:

@@ -20,6 +20,7 @@ import kopf
 from longctx_core import contract
 
 from longctx_operator.controller import engine_load, rollout
+from longctx_operator.controller.memory import Memory
 from longctx_operator import metrics
 from longctx_operator.runtime.cache import RELIST_BACKOFF_CAP, Caches
 from longctx_operator.runtime.engine_watch import EngineWatch
@@ -37,12 +38,15 @@ CACHE_SYNC_SECONDS = 30
 class Controller:
     """The operator's state, in one object: the API client that reads through the watch
     caches, one delaying work queue of CR keys (events, wake-ups and retries alike), the
-    engine watch, and what the phase metrics export. A reconcile's every failure is retried
-    with back-off; a later event runs it sooner and a success resets the back-off."""
+    engine watch and the memory it and the reconciles share (controller/memory.py), and
+    what the phase metrics export. A reconcile's every failure is retried with back-off; a
+    later event runs it sooner and a success resets the back-off. Kopf's handlers reach it
+    through Kopf's `memo`."""
 
     def __init__(self, kube: Kube, caches: Caches, workers: int) -> None:
         self.kube, self.caches = kube, caches
         self.queue = DelayingQueue(workers, self._reconcile)
+        self.memory = Memory()
         self.engine_watch: EngineWatch | None = None
         # The context of Kopf's event processing, which kopf.event() posts through (the
         # startup handler's lacks it): taken from the first CR event. A child change before
@@ -72,7 +76,7 @@ class Controller:
             self.gone(key)
             return
         try:
-            outcome = reconcile(self.kube, cr)
+            outcome = reconcile(self.kube, cr, self.memory)
         except Exception as exc:
             delay = self.queue.retry(key)
             why = str(exc) if isinstance(exc, KubeError) else f"{type(exc).__name__}: {exc}"
@@ -96,6 +100,7 @@ class Controller:
         self.phases.pop(key, None)
         self.rollouts.pop(key, None)
         self.queue.forget(key)
+        self.memory.forget(key)
         self.export_phases()
 
     def export_phases(self) -> None:
@@ -142,8 +147,6 @@ class Controller:
             self.request((namespace, name))
 
 
-CONTROLLER: Controller | None = None
-
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """Kopf builds a deep-copied "essence" of every object on every event, to diff it for
@@ -171,8 +174,7 @@ class QuietEventHandlers(logging.Filter):
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global CONTROLLER
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.INFO
     settings.persistence.diffbase_storage = NoDiffBase()
     logging.getLogger("kopf.objects").addFilter(QuietEventHandlers())
@@ -191,14 +193,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # The caches list and watch through a client of their own, which reads no cache; the
     # reconcile's client shares its connections and reads through the caches.
     lister = Kube.from_environment()
-    caches = Caches(lister, namespaces, changed=lambda kind, obj: CONTROLLER.child_changed(
-        kind, obj) if CONTROLLER is not None else None)
-    CONTROLLER = controller = Controller(Kube(lister.api, caches=caches),
-                                         caches, int(os.environ.get("LONGCTX_WORKERS", "2")))
+    caches = Caches(lister, namespaces,
+                    changed=lambda kind, obj: controller.child_changed(kind, obj))
+    controller = Controller(Kube(lister.api, caches=caches), caches,
+                            int(os.environ.get("LONGCTX_WORKERS", "2")))
+    memo.controller = controller
     caches.start()
     pods = caches.stores["Pod"]
     controller.engine_watch = EngineWatch(lambda: pods.all() if pods.synced.is_set() else [],
-                                          controller.fault_seen)
+                                          controller.fault_seen, controller.memory)
     controller.engine_watch.start()
     if not caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
@@ -209,9 +212,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-def stop(**_: Any) -> None:
-    if CONTROLLER is not None:
-        CONTROLLER.stop()
+def stop(memo: kopf.Memo, **_: Any) -> None:
+    controller = getattr(memo, "controller", None)
+    if controller is not None:
+        controller.stop()
 
 
 def _cache_event(controller: Controller, type: str | None, body: kopf.Body) -> bool:
@@ -234,9 +238,8 @@ def _cache_event(controller: Controller, type: str | None, body: kopf.Body) -> b
 # queue's threads; a sync handler would cost a hop through Kopf's executor.
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
 async def deployment_event(type: str, body: kopf.Body, namespace: str, name: str,
-                           **_: Any) -> None:
-    controller = CONTROLLER
-    assert controller is not None, "the startup handler did not run"
+                           memo: kopf.Memo, **_: Any) -> None:
+    controller: Controller = memo.controller
     if controller.kopf_context is None:
         controller.kopf_context = contextvars.copy_context()
     news = _cache_event(controller, type, body)

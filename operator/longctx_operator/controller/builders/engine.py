@@ -5,7 +5,8 @@ which every revision shares."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from longctx_core import contract
 from longctx_core.sizing import cpu_platform
@@ -21,7 +22,7 @@ TERMINATION_GRACE_SECONDS = 120
 PROBE_PERIOD_SECONDS = 10
 # CPU cores per pod: tokenizers, API servers, the offload and HiSparse copy threads.
 CPU_PER_GPU = 12
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": contract.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def pod_role_revision(role: RolePlan) -> str | None:
@@ -161,7 +162,7 @@ def _resources(role: RolePlan) -> dict[str, Any]:
         return {"requests": {"cpu": cores, "memory": memory},
                 "limits": {"cpu": cores, "memory": memory}}
     gpus = role.layout.gpusPerPod
-    limits: dict[str, Any] = {"nvidia.com/gpu": str(gpus),
+    limits: dict[str, Any] = {contract.GPU_RESOURCE: str(gpus),
                               "memory": format_bytes(role.memory.request)}
     rdma = role.spec.kvTransfer.rdma
     if rdma:
@@ -236,7 +237,10 @@ def template_digest(template: dict[str, Any]) -> str:
     return content_digest(json.dumps(template, sort_keys=True))[:16]
 
 
-def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str, Any]:
+def statefulset(cr: dict[str, Any], role: RolePlan, router: Router,
+                replicas: int | None = None) -> dict[str, Any]:
+    """The role's StatefulSet, with `replicas` in place of the role's while a scale-down
+    drains (drain.py)."""
     cr_name = cr["metadata"]["name"]
     spec = role.spec
     volumes, mounts = _volumes(cr_name, role)
@@ -282,7 +286,7 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata,
         "spec": {
-            "replicas": role.replicas,
+            "replicas": role.replicas if replicas is None else replicas,
             "serviceName": contract.headless_service(cr_name, role.role),
             "podManagementPolicy": "Parallel",
             # In place (same revision): one pod at a time, within the PDB.
@@ -294,13 +298,16 @@ def statefulset(cr: dict[str, Any], role: RolePlan, router: Router) -> dict[str,
     }
 
 
-def revision_objects(cr: dict[str, Any], plan: ServingPlan, router: Router
+def revision_objects(cr: dict[str, Any], plan: ServingPlan, router: Router,
+                     replicas: Mapping[str, int] = MappingProxyType({})
                      ) -> list[dict[str, Any]]:
     """The objects of the plan's revision: its config, then each role's pods (with what
-    `router` needs on them) and PDB, named for the role's own role revision."""
+    `router` needs on them; `replicas` by role while a scale-down drains) and PDB, named
+    for the role's own role revision."""
     objects = engine_configmaps(cr, plan)
     for role in plan.roles:
-        objects += [statefulset(cr, role, router), pod_disruption_budget(cr, role)]
+        objects += [statefulset(cr, role, router, replicas.get(role.role)),
+                    pod_disruption_budget(cr, role)]
     return objects
 
 

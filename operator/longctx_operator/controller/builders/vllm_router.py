@@ -13,9 +13,11 @@ there), and the new pod sees only the new revision's engines.
 vllm-router 0.1.17's discovery adds a pod when it turns Ready and removes it when it is
 deleted or stops being Ready; its source filters pod events by the selectors first, so a pod
 whose labels stop matching (a scale-down taking it out of the pool) need not be dropped. So
-the selectors require the serving label, and a scale-down also rolls the router
-(`roll_for_draining`): the new router pod never discovers the pods leaving the pool, and
-the old one finishes its requests in flight (it shuts down gracefully on SIGTERM).
+the selectors require the serving label, and a drain also rolls the router: its pod
+template names the pods leaving the pool (`draining_pods`), so the new router pod never
+discovers them, and the old one finishes its requests in flight (it shuts down gracefully
+on SIGTERM). A node drain names the drained nodes it runs on (`leaving_nodes`) the same
+way, so it rolls off them.
 """
 
 from __future__ import annotations
@@ -90,9 +92,22 @@ def _drain_seconds(plan: ServingPlan) -> int:
     return plan.prefill.faults.request_timeout_seconds
 
 
-def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[str, Any]:
+def _template_annotations(draining_pods: tuple[str, ...], leaving_nodes: tuple[str, ...]
+                          ) -> dict[str, str]:
+    named = {DRAINING_PODS_ANNOTATION: draining_pods, LEAVING_NODES_ANNOTATION: leaving_nodes}
+    return {key: ",".join(sorted(set(names))) for key, names in named.items() if names}
+
+
+def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str,
+                draining_pods: tuple[str, ...], leaving_nodes: tuple[str, ...]
+                ) -> dict[str, Any]:
     cr_name = cr["metadata"]["name"]
     probe_port = contract.VLLM_ROUTER_PORT
+    template_meta: dict[str, Any] = {"labels": {**contract.labels(cr_name, COMPONENT),
+                                                contract.PAIRING_LABEL: revision}}
+    annotations = _template_annotations(draining_pods, leaving_nodes)
+    if annotations:
+        template_meta["annotations"] = annotations
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(cr),
@@ -106,8 +121,7 @@ def _deployment(cr: dict[str, Any], plan: ServingPlan, revision: str) -> dict[st
             "template": {
                 # The pairing label names the revision this router serves; the operator
                 # reads it back as the serving revision.
-                "metadata": {"labels": {**contract.labels(cr_name, COMPONENT),
-                                        contract.PAIRING_LABEL: revision}},
+                "metadata": template_meta,
                 "spec": {
                     **router_placement(plan.spec),
                     # Its endpoint goes at once; the requests the pod still holds last at
@@ -166,7 +180,7 @@ def _rbac(cr: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _disruption_budget(cr: dict[str, Any]) -> dict[str, Any]:
     """A node drain never evicts the one router pod: the operator rolls the Deployment off
-    the node instead (`roll_off_nodes`), which starts the new pod first."""
+    the node instead (`leaving_nodes`), which starts the new pod first."""
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(cr),
             "spec": {"maxUnavailable": 0,
                      "selector": {"matchLabels": contract.selector_labels(
@@ -174,10 +188,13 @@ def _disruption_budget(cr: dict[str, Any]) -> dict[str, Any]:
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
-def vllm_router_objects(cr: dict[str, Any], plan: ServingPlan,
-                        serving: str | None = None) -> list[dict[str, Any]]:
-    """The router objects, discovering the `serving` revision (default: the plan's)."""
-    return [*_rbac(cr), _service(cr), _deployment(cr, plan, serving or plan.revision),
+def vllm_router_objects(cr: dict[str, Any], plan: ServingPlan, serving: str | None = None,
+                        draining_pods: tuple[str, ...] = (), leaving_nodes: tuple[str, ...] = ()
+                        ) -> list[dict[str, Any]]:
+    """The router objects, discovering the `serving` revision (default: the plan's) except
+    the `draining_pods`, its pods placed off the `leaving_nodes` (drained nodes)."""
+    return [*_rbac(cr), _service(cr),
+            _deployment(cr, plan, serving or plan.revision, draining_pods, leaving_nodes),
             _disruption_budget(cr)]
 
 
@@ -189,41 +206,31 @@ def vllm_router_pod_monitor(cr: dict[str, Any]) -> dict[str, Any]:
                      "podMetricsEndpoints": [{"port": METRICS_PORT_NAME, "path": "/metrics"}]}}
 
 
-def roll_for_draining(deployment: dict[str, Any], draining: list[str]) -> None:
-    """Name the pods leaving the pool on a desired router Deployment's pod template, with
-    any it already names (a scale-down and a role swap may drain at once)."""
-    template = deployment["spec"]["template"]
-    named = draining_pods(template)
-    template["metadata"].setdefault("annotations", {})[DRAINING_PODS_ANNOTATION] = ",".join(
-        sorted({*named, *draining}))
-
-
 def draining_pods(obj: dict[str, Any]) -> set[str]:
     """The pods leaving the pool that a router pod (or pod template) never discovers."""
     annotations = obj["metadata"].get("annotations") or {}
     return {n for n in annotations.get(DRAINING_PODS_ANNOTATION, "").split(",") if n}
 
 
-def roll_off_nodes(deployment: dict[str, Any], nodes: list[str]) -> None:
-    """Name the drained nodes its pods run on, on a desired router Deployment's pod
-    template: the Deployment rolls, its new pod placed elsewhere before the old one goes."""
-    template = deployment["spec"]["template"]["metadata"]
-    template.setdefault("annotations", {})[LEAVING_NODES_ANNOTATION] = ",".join(sorted(nodes))
+def leaving_nodes(deployment: dict[str, Any] | None) -> list[str]:
+    """The drained nodes a router Deployment's pod template asks its pods to leave."""
+    template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    return [n for n in annotations.get(LEAVING_NODES_ANNOTATION, "").split(",") if n]
 
 
-def rolled_out(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
-    """Whether the live router Deployment runs only pods of the desired template (its old
-    pods are gone or terminating, so none sends a request to what it no longer selects)."""
+def rolled_out(live: dict[str, Any] | None, revision: str,
+               draining_pods: list[str] | None = None) -> bool:
+    """Whether the live router Deployment runs only pods of a template that discovers
+    `revision` (and never `draining_pods`, when given): its old pods are gone or
+    terminating, so none sends a request to what it no longer selects."""
     if not live:
         return False
-    want = desired["spec"]["template"]["metadata"]
     have = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
     status = live.get("status") or {}
-    draining = (want.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION)
-    return ((draining is None or
-             (have.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION) == draining)
-            and (have.get("labels") or {}).get(contract.PAIRING_LABEL) ==
-            want["labels"].get(contract.PAIRING_LABEL)
+    named = (have.get("annotations") or {}).get(DRAINING_PODS_ANNOTATION)
+    return ((draining_pods is None or named == ",".join(sorted(set(draining_pods))))
+            and (have.get("labels") or {}).get(contract.PAIRING_LABEL) == revision
             and status.get("observedGeneration") == live["metadata"].get("generation")
             and status.get("updatedReplicas", 0) == status.get("replicas", 0) ==
             status.get("availableReplicas", 0) == live["spec"].get("replicas", 1))
