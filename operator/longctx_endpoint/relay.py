@@ -250,17 +250,21 @@ class Relay:
                         if not event.startswith(b"data:"):
                             continue
                         data = event[5:].strip()
-                        if data == b"[DONE]":
-                            break
-                        chunk = json.loads(data)
-                        delta = read_chunk(upstream_kind, chunk)
-                        if delta.error is not None:
-                            return (metrics.STREAM_BROKEN if got_token
-                                    else metrics.FAILED_BEFORE_FIRST_TOKEN)
-                        out = answer.take(upstream_kind, data, chunk, delta)
+                        out = answer.take_plain(data)
+                        tokens = out is not None
+                        if out is None:
+                            if data == b"[DONE]":
+                                break
+                            chunk = json.loads(data)
+                            delta = read_chunk(upstream_kind, chunk)
+                            if delta.error is not None:
+                                return (metrics.STREAM_BROKEN if got_token
+                                        else metrics.FAILED_BEFORE_FIRST_TOKEN)
+                            out = answer.take(upstream_kind, data, chunk, delta)
+                            tokens = bool(delta.token_ids)
                         if out is not None and stream is not None:
                             await stream.send(out)
-                        if delta.token_ids and not got_token:
+                        if tokens and not got_token:
                             got_token = True
                             scope.reschedule(None)
                             breaks.token_sent()
