@@ -5,17 +5,22 @@ vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 toke
 A prefill engine and a decode engine, each launched as the operator renders
 examples/tiny-mla-cpu.yaml (benchmarks/cpu_costs.py's launcher), vllm-router in P/D mode in
 front of them, and the endpoint in front of the router, all on 127.0.0.1. Rounds alternate
-the two paths; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt
-its own (no prefix cache hit). The endpoint's CPU is its process's user + system time over
-the run (it is idle while the router's rounds run). The figures go to
-docs/figures/endpoint-overhead.json; `make figures` renders docs/data-path.md's table. Exits
-1 when the endpoint adds more than MAX_ADDED to either latency.
+the two paths (which goes first alternates too), after a warm-up round each way that is not
+counted; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt its own
+(no prefix cache hit) and of the same length. What the endpoint adds is each round's median
+through it against the router's in the same round, a ratio a round; the figure is the median
+of those ratios, with its 95% confidence interval: the engines share the machine's cores
+with everything else on it, and a round's ratio spreads by more than the 2% judged. The
+endpoint's CPU is its process's user + system time over the rounds (it is idle while the
+router's run). The figures go to build/figures/<run>/endpoint-overhead.json; `make figures`
+renders docs/data-path.md's table. Exits 1 when the endpoint adds more than MAX_ADDED to
+either latency.
 
-Needs the engine environment (tools/engine-env.sh); about 4 minutes on 2 cores, alone on the
+Needs the engine environment (tools/engine-env.sh); about 5 minutes on 2 cores, alone on the
 machine (the engines and the endpoint share its cores):
 
     PYTHONPATH=core:engine:operator:. $(tools/python-env.sh)/bin/python \\
-        benchmarks/endpoint_overhead.py [--rounds 12] [--max-added 0.02]
+        benchmarks/endpoint_overhead.py [--rounds 300] [--max-added 0.02]
 """
 
 from __future__ import annotations
@@ -194,7 +199,7 @@ async def run(rounds: int, logdir: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--max-added", type=float, default=MAX_ADDED,
                    help="the bound to hold the endpoint to (a fraction; default the goal's)")
     args = p.parse_args()

@@ -85,6 +85,8 @@ class ClientStream:
 Outcome = Union[None, str, Refused]   # finished, a break's reason, or a refusal
 # How often an answer with nowhere to go looks again (the pod watch's news).
 TARGET_POLL_SECONDS = 0.25
+# How long the end of an upstream body may take after its finish reason.
+TAIL_SECONDS = 1.0
 
 
 class Breaks:
@@ -233,7 +235,7 @@ class Relay:
     async def _attempt(self, url: str, upstream: dict[str, Any], upstream_kind: str,
                        answer: Answer, stream: Optional[ClientStream], breaks: Breaks
                        ) -> Outcome:
-        got_token = False
+        got_token = broken = finished = False
         deadline = breaks.deadline()
         try:
             async with asyncio.timeout_at(None) as scope:
@@ -254,12 +256,14 @@ class Relay:
                         tokens = out is not None
                         if out is None:
                             if data == b"[DONE]":
+                                if finished:
+                                    continue
                                 break
                             chunk = json.loads(data)
                             delta = read_chunk(upstream_kind, chunk)
                             if delta.error is not None:
-                                return (metrics.STREAM_BROKEN if got_token
-                                        else metrics.FAILED_BEFORE_FIRST_TOKEN)
+                                broken = True
+                                break
                             out = answer.take(upstream_kind, data, chunk, delta)
                             tokens = bool(delta.token_ids)
                         if out is not None and stream is not None:
@@ -268,14 +272,22 @@ class Relay:
                             got_token = True
                             scope.reschedule(None)
                             breaks.token_sent()
-                        if answer.finish_reason is not None:
-                            return None
+                        if answer.finish_reason is not None and not finished:
+                            # What follows (the usage chunk, [DONE]) comes at once: read to
+                            # the end of the body, for a moment at most, so that its
+                            # connection is kept for the next answer instead of closed.
+                            finished = True
+                            scope.reschedule(asyncio.get_running_loop().time()
+                                             + TAIL_SECONDS)
         except aiohttp.ClientConnectorError:
             return metrics.UPSTREAM_UNREACHABLE
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            # A cut connection, a read past the deadline, a chunk cut mid-JSON.
-            return metrics.STREAM_BROKEN if got_token else metrics.FAILED_BEFORE_FIRST_TOKEN
-        return metrics.NO_FINISH_REASON if got_token else metrics.FAILED_BEFORE_FIRST_TOKEN
+            broken = True   # a cut connection, a read past the deadline, a chunk cut mid-JSON
+        if finished:
+            return None
+        if not got_token:
+            return metrics.FAILED_BEFORE_FIRST_TOKEN
+        return metrics.STREAM_BROKEN if broken else metrics.NO_FINISH_REASON
 
     async def _finish(self, answer: Answer, stream: Optional[ClientStream]
                       ) -> web.StreamResponse:

@@ -8,6 +8,7 @@ same answer and one from wrong ids does not."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -44,6 +45,8 @@ class Fault:
 class FakeVllm:
     faults: list[Optional[Fault]] = field(default_factory=list)   # by request, in order
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tail_seconds: float = 0.0    # from a stream's finish reason to its usage chunk
+    peers: set[Any] = field(default_factory=set)   # the connections requests came on
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,6 +72,7 @@ class FakeVllm:
     async def _serve(self, request: web.Request, kind: str, body: dict[str, Any],
                      prompt: list[int]) -> web.StreamResponse:
         self.requests.append((kind, body))
+        self.peers.add(request.transport.get_extra_info("peername"))
         fault = self.faults.pop(0) if self.faults else None
         if fault and fault.kind == "status":
             return web.json_response({"error": {"message": "down"}}, status=fault.status)
@@ -122,6 +126,7 @@ class FakeVllm:
                               prompt_token_ids=prompt if len(tokens) == 1 and ids else None)
             choice["token_ids"] = [token] if ids else None
             await send({"choices": [choice]})
+        await asyncio.sleep(self.tail_seconds)
         await send({"choices": [], "usage": {"prompt_tokens": len(prompt),
                                              "completion_tokens": len(tokens)}})
         await resp.write(b"data: [DONE]\n\n")
