@@ -65,21 +65,27 @@ class ClientStream:
     def started(self) -> bool:
         return self.response is not None
 
+    async def _prepared(self) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(self.request)
+        self.response = response
+        return response
+
     async def send(self, data: bytes) -> None:
         try:
-            if self.response is None:
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache"})
-                await response.prepare(self.request)
-                self.response = response
-            await self.response.write(data)
+            await (self.response or await self._prepared()).write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(self.response) from exc
 
-    async def end(self) -> web.StreamResponse:
-        assert self.response is not None
-        await self.response.write_eof()
-        return self.response
+    async def end(self, data: bytes = b"") -> web.StreamResponse:
+        """Sends the last `data` and the end of the body, in one write."""
+        try:
+            response = self.response or await self._prepared()
+            await response.write_eof(data)
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(self.response) from exc
+        return response
 
 
 Outcome = Union[None, str, Refused]   # finished, a break's reason, or a refusal
@@ -293,10 +299,8 @@ class Relay:
                       ) -> web.StreamResponse:
         if stream is None:
             return web.json_response(answer.response())
-        if answer.wants_usage:
-            await stream.send(sse(answer.usage_chunk()))
-        await stream.send(DONE)
-        return await stream.end()
+        return await stream.end((sse(answer.usage_chunk()) if answer.wants_usage else b"")
+                                + DONE)
 
     async def _give_up(self, stream: Optional[ClientStream], reason: str, message: str
                        ) -> web.StreamResponse:
@@ -304,8 +308,7 @@ class Relay:
         body = error_body(message)
         if stream is None:
             return web.json_response(body, status=503)
-        await stream.send(sse(body) + DONE)
-        return await stream.end()
+        return await stream.end(sse(body) + DONE)
 
     # ------------------------------------------------------------ retried from scratch
 
