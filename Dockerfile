@@ -119,10 +119,11 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 COPY --from=wheel /wheels /tmp/wheels
 COPY tools/requirements-engine-cpu.txt /tmp/requirements-engine-cpu.txt
-# Installs the base dependencies only (kopf, kubernetes, prometheus-client, pyyaml, and
-# cel-python, which evaluates the API's CEL rules offline), at the lock's versions: not the
-# `engine` or `kernels` extras, so neither vLLM nor torch. The engines never evaluate the rules,
-# so the lock lacks cel-python and the two compiled packages it adds (RE2, pendulum): pinned here.
+# Installs the base dependencies only (kopf, kubernetes, prometheus-client, pyyaml, uvloop,
+# the endpoint's event loop, and cel-python, which evaluates the API's CEL rules offline), at
+# the lock's versions: not the `engine` or `kernels` extras, so neither vLLM nor torch. The
+# engines never evaluate the rules, so the lock lacks cel-python and the two compiled packages
+# it adds (RE2, pendulum): pinned here.
 RUN python -m pip install --no-cache-dir -c /tmp/requirements-engine-cpu.txt /tmp/wheels/longctx-*.whl \
       "cel-python==0.5.0" "google-re2==1.1.20251105" "pendulum==3.3.0" \
  && rm -rf /tmp/wheels /tmp/requirements-engine-cpu.txt \

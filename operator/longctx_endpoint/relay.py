@@ -65,26 +65,34 @@ class ClientStream:
     def started(self) -> bool:
         return self.response is not None
 
+    async def _prepared(self) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(self.request)
+        self.response = response
+        return response
+
     async def send(self, data: bytes) -> None:
         try:
-            if self.response is None:
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache"})
-                await response.prepare(self.request)
-                self.response = response
-            await self.response.write(data)
+            await (self.response or await self._prepared()).write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(self.response) from exc
 
-    async def end(self) -> web.StreamResponse:
-        assert self.response is not None
-        await self.response.write_eof()
-        return self.response
+    async def end(self, data: bytes = b"") -> web.StreamResponse:
+        """Sends the last `data` and the end of the body, in one write."""
+        try:
+            response = self.response or await self._prepared()
+            await response.write_eof(data)
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(self.response) from exc
+        return response
 
 
 Outcome = Union[None, str, Refused]   # finished, a break's reason, or a refusal
 # How often an answer with nowhere to go looks again (the pod watch's news).
 TARGET_POLL_SECONDS = 0.25
+# How long the end of an upstream body may take after its finish reason.
+TAIL_SECONDS = 1.0
 
 
 class Breaks:
@@ -233,7 +241,7 @@ class Relay:
     async def _attempt(self, url: str, upstream: dict[str, Any], upstream_kind: str,
                        answer: Answer, stream: Optional[ClientStream], breaks: Breaks
                        ) -> Outcome:
-        got_token = False
+        got_token = broken = finished = False
         deadline = breaks.deadline()
         try:
             async with asyncio.timeout_at(None) as scope:
@@ -250,37 +258,49 @@ class Relay:
                         if not event.startswith(b"data:"):
                             continue
                         data = event[5:].strip()
-                        if data == b"[DONE]":
-                            break
-                        chunk = json.loads(data)
-                        delta = read_chunk(upstream_kind, chunk)
-                        if delta.error is not None:
-                            return (metrics.STREAM_BROKEN if got_token
-                                    else metrics.FAILED_BEFORE_FIRST_TOKEN)
-                        out = answer.take(upstream_kind, data, chunk, delta)
+                        out = answer.take_plain(data)
+                        tokens = out is not None
+                        if out is None:
+                            if data == b"[DONE]":
+                                if finished:
+                                    continue
+                                break
+                            chunk = json.loads(data)
+                            delta = read_chunk(upstream_kind, chunk)
+                            if delta.error is not None:
+                                broken = True
+                                break
+                            out = answer.take(upstream_kind, data, chunk, delta)
+                            tokens = bool(delta.token_ids)
                         if out is not None and stream is not None:
                             await stream.send(out)
-                        if delta.token_ids and not got_token:
+                        if tokens and not got_token:
                             got_token = True
                             scope.reschedule(None)
                             breaks.token_sent()
-                        if answer.finish_reason is not None:
-                            return None
+                        if answer.finish_reason is not None and not finished:
+                            # What follows (the usage chunk, [DONE]) comes at once: read to
+                            # the end of the body, for a moment at most, so that its
+                            # connection is kept for the next answer instead of closed.
+                            finished = True
+                            scope.reschedule(asyncio.get_running_loop().time()
+                                             + TAIL_SECONDS)
         except aiohttp.ClientConnectorError:
             return metrics.UPSTREAM_UNREACHABLE
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            # A cut connection, a read past the deadline, a chunk cut mid-JSON.
-            return metrics.STREAM_BROKEN if got_token else metrics.FAILED_BEFORE_FIRST_TOKEN
-        return metrics.NO_FINISH_REASON if got_token else metrics.FAILED_BEFORE_FIRST_TOKEN
+            broken = True   # a cut connection, a read past the deadline, a chunk cut mid-JSON
+        if finished:
+            return None
+        if not got_token:
+            return metrics.FAILED_BEFORE_FIRST_TOKEN
+        return metrics.STREAM_BROKEN if broken else metrics.NO_FINISH_REASON
 
     async def _finish(self, answer: Answer, stream: Optional[ClientStream]
                       ) -> web.StreamResponse:
         if stream is None:
             return web.json_response(answer.response())
-        if answer.wants_usage:
-            await stream.send(sse(answer.usage_chunk()))
-        await stream.send(DONE)
-        return await stream.end()
+        return await stream.end((sse(answer.usage_chunk()) if answer.wants_usage else b"")
+                                + DONE)
 
     async def _give_up(self, stream: Optional[ClientStream], reason: str, message: str
                        ) -> web.StreamResponse:
@@ -288,8 +308,7 @@ class Relay:
         body = error_body(message)
         if stream is None:
             return web.json_response(body, status=503)
-        await stream.send(sse(body) + DONE)
-        return await stream.end()
+        return await stream.end(sse(body) + DONE)
 
     # ------------------------------------------------------------ retried from scratch
 

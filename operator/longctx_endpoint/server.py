@@ -85,10 +85,12 @@ def make_app(upstreams: Upstreams, limits: Limits,
 
     async def open_session(app: web.Application):
         own = session is None
-        # No total limit: an answer at max context streams for many minutes. A read that
-        # waits longer than the give-up window is a dead upstream.
+        # One session for every answer: its connections to the upstreams are kept and
+        # reused. No total limit: an answer at max context streams for many minutes. A read
+        # that waits longer than the give-up window is a dead upstream. No cookie jar: one
+        # client's cookies are no other's.
         client = session or aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS,
                                           sock_read=limits.give_up_seconds))
         app[RELAY] = Relay(client, upstreams, limits)

@@ -1,13 +1,14 @@
 """A local aiohttp server that streams like vLLM's OpenAI server with `return_token_ids`
 (vllm/entrypoints/openai/{chat_completion,completion}/serving.py: the chat stream's first
 chunk carries the role and `prompt_token_ids`, a completions stream's first choice carries
-`prompt_token_ids`, every choice its `token_ids`, a last chunk the usage), and breaks its
-streams the ways engines do. Its "model" is greedy and deterministic: the next token is a
+`prompt_token_ids`, every choice its `token_ids`, a last chunk the usage; compact JSON, its
+fields in the order of vLLM's pydantic models), and breaks its streams the ways engines do. Its "model" is greedy and deterministic: the next token is a
 function of every token before it, so a continuation from the right token ids gives the
 same answer and one from wrong ids does not."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -44,6 +45,8 @@ class Fault:
 class FakeVllm:
     faults: list[Optional[Fault]] = field(default_factory=list)   # by request, in order
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tail_seconds: float = 0.0    # from a stream's finish reason to its usage chunk
+    peers: set[Any] = field(default_factory=set)   # the connections requests came on
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,6 +72,7 @@ class FakeVllm:
     async def _serve(self, request: web.Request, kind: str, body: dict[str, Any],
                      prompt: list[int]) -> web.StreamResponse:
         self.requests.append((kind, body))
+        self.peers.add(request.transport.get_extra_info("peername"))
         fault = self.faults.pop(0) if self.faults else None
         if fault and fault.kind == "status":
             return web.json_response({"error": {"message": "down"}}, status=fault.status)
@@ -77,23 +81,23 @@ class FakeVllm:
         limit = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         ids = body.get("return_token_ids")
         tokens: list[int] = []
-        base = {"id": f"{kind}-{len(self.requests)}", "created": len(self.requests),
-                "model": body.get("model", "m")}
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        base = {"id": f"{kind}-{len(self.requests)}", "object": obj,
+                "created": len(self.requests), "model": body.get("model", "m")}
         if not body.get("stream"):
             while len(tokens) < limit:
                 tokens.append(next_token(prompt + tokens))
-            return web.json_response({**base, "object": obj, "choices": [
+            return web.json_response({**base, "choices": [
                 {"index": 0, "text": "".join(map(text_of, tokens)), "finish_reason": "length"}]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
 
         async def send(chunk: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps({**base, "object": obj, **chunk}).encode()
-                             + b"\n\n")
+            await resp.write(b"data: " + json.dumps({**base, **chunk}, separators=(",", ":"))
+                             .encode() + b"\n\n")
         if kind == "chat":
             await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "finish_reason": None}],
+                                     "logprobs": None, "finish_reason": None}],
                         "prompt_token_ids": prompt if ids else None})
         while len(tokens) < limit:
             if fault and len(tokens) == fault.after:
@@ -110,15 +114,19 @@ class FakeVllm:
             token = next_token(prompt + tokens)
             tokens.append(token)
             finish = "length" if len(tokens) == limit else None
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                      "token_ids": [token] if ids else None}
+            choice: dict[str, Any] = {"index": 0}
             if kind == "chat":
-                choice["delta"] = {"content": text_of(token)}
+                choice.update(delta={"content": text_of(token)}, logprobs=None,
+                              finish_reason=finish)
+                if finish:
+                    choice["stop_reason"] = None
             else:
-                choice["text"] = text_of(token)
-                if len(tokens) == 1 and ids:
-                    choice["prompt_token_ids"] = prompt
+                choice.update(text=text_of(token), logprobs=None, finish_reason=finish,
+                              stop_reason=None,
+                              prompt_token_ids=prompt if len(tokens) == 1 and ids else None)
+            choice["token_ids"] = [token] if ids else None
             await send({"choices": [choice]})
+        await asyncio.sleep(self.tail_seconds)
         await send({"choices": [], "usage": {"prompt_tokens": len(prompt),
                                              "completion_tokens": len(tokens)}})
         await resp.write(b"data: [DONE]\n\n")

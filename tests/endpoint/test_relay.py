@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 
+from longctx_endpoint import relay
 from longctx_endpoint.relay import Limits
 from longctx_endpoint.server import make_app
 from longctx_endpoint.upstreams import Pod, Upstreams
@@ -106,6 +107,31 @@ def test_a_completions_stream_keeps_its_usage_and_token_ids_when_asked() -> None
     assert ids == no_fault_answer(prompt_ids("hello"), 9)
     assert events[-2]["usage"]["completion_tokens"] == 9
     assert len({e["id"] for e in events[:-1]}) == 1
+
+
+def test_the_end_of_an_upstream_body_is_read_so_that_its_connection_serves_the_next() -> None:
+    fake = FakeVllm(tail_seconds=0.05)
+
+    async def twice() -> list[Any]:
+        async with TestServer(fake.app()) as upstream:
+            upstreams = Upstreams(router_url=str(upstream.make_url("")).rstrip("/"))
+            async with TestServer(make_app(upstreams, LIMITS)) as endpoint:
+                async with aiohttp.ClientSession() as client:
+                    return [await (await client.post(endpoint.make_url("/v1/chat/completions"),
+                                                     json={**CHAT_BODY, "stream": False})
+                                   ).json() for _ in range(2)]
+    answers = asyncio.run(twice())
+    assert [a["choices"][0]["message"]["content"] for a in answers] == [expected()] * 2
+    assert len(fake.peers) == 1
+
+
+def test_an_upstream_that_holds_its_body_open_after_the_finish_does_not_hold_the_answer(
+        monkeypatch) -> None:
+    monkeypatch.setattr(relay, "TAIL_SECONDS", 0.2)
+    started = time.monotonic()
+    status, events = run(FakeVllm(tail_seconds=2), CHAT_BODY)
+    assert time.monotonic() - started < 1
+    assert status == 200 and streamed_text(events) == expected() and events[-1] == "[DONE]"
 
 
 def test_a_stream_that_cannot_continue_ends_with_an_error_event_and_done() -> None:
