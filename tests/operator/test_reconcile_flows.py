@@ -401,3 +401,25 @@ def test_equal_snapshots_desire_equal_objects():
     annotations = router["spec"]["template"]["metadata"]["annotations"]
     assert annotations[vllm_router.LEAVING_NODES_ANNOTATION] == "node-a"
     assert annotations[vllm_router.DRAINING_PODS_ANNOTATION]   # the old decode pod
+
+
+def test_a_recreated_cr_does_not_take_the_deleted_ones_children_for_its_own():
+    """A CR deleted and created again under its name: the old CR's children, still there
+    until the garbage collector removes them, are not the new CR's revisions, nor its to
+    delete; its own appear beside them once applied."""
+    from longctx_operator.controller.observe import observe
+    fake = FakeCluster()
+    deploy(fake)
+    steady(fake)
+    old = {key for key, o in fake.objects.items() if key[0] != contract.KIND}
+    assert old
+    fake.objects[(contract.KIND, NS, NAME)]["metadata"]["uid"] = "new-uid"
+    snapshot = observe(fake, copy.deepcopy(fake.objects[(contract.KIND, NS, NAME)]),
+                       reconcile_module._utcnow())
+    owned = [o for key, o in fake.objects.items() if key in old and any(
+        r.get("controller") for r in o["metadata"].get("ownerReferences") or [])]
+    assert owned and not any((o["kind"], o["metadata"]["name"]) in snapshot.children
+                             for o in owned)
+    assert snapshot.revisions() == {}
+    run(fake)
+    assert not [w for w in fake.writes if w[0] == "delete"], fake.writes

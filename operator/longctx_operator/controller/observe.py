@@ -60,6 +60,24 @@ def _component(obj: dict[str, Any]) -> Optional[str]:
     return (obj["metadata"].get("labels") or {}).get(contract.COMPONENT_LABEL)
 
 
+def _owned(obj: dict[str, Any], uid: Optional[str]) -> bool:
+    """Whether `obj` is this CR's: a deleted CR of the same name leaves its children, which
+    carry its name's labels, until the garbage collector removes them; they are not this
+    CR's revisions (and not this reconcile's to delete)."""
+    controller = next((r for r in obj["metadata"].get("ownerReferences") or []
+                       if r.get("controller")), None)
+    return controller is None or uid is None or controller.get("uid") == uid
+
+
+def _owned_by_sets(pod: dict[str, Any], sets: set[Optional[str]]) -> bool:
+    """Whether `pod` is one of these StatefulSets' or of another workload (the router's,
+    the endpoint's), not of a StatefulSet `_owned` left out."""
+    controller = next((r for r in pod["metadata"].get("ownerReferences") or []
+                       if r.get("controller")), None)
+    return controller is None or controller.get("kind") != "StatefulSet" or \
+        controller.get("uid") in sets
+
+
 def observe(kube: Cluster, cr: dict[str, Any], now: datetime.datetime) -> Snapshot:
     """Reads the snapshot of `cr` from the caches: its children of each managed kind (of a
     kind whose CRD exists), the pods of its workloads, the Nodes and the GPUs in use."""
@@ -68,7 +86,11 @@ def observe(kube: Cluster, cr: dict[str, Any], now: datetime.datetime) -> Snapsh
     crds = frozenset(k.crd for k in kinds.MANAGED_KINDS if k.crd and kube.crd_exists(k.crd))
     children = {(kind.kind, o["metadata"]["name"]): o
                 for kind in kinds.MANAGED_KINDS if not kind.crd or kind.crd in crds
-                for o in kube.list(kind.api_version, kind.kind, namespace, selector)}
+                for o in kube.list(kind.api_version, kind.kind, namespace, selector)
+                if _owned(o, meta.get("uid"))}
+    sets = {o["metadata"].get("uid") for (kind, _), o in children.items()
+            if kind == "StatefulSet"}
+    pods = tuple(p for p in kube.list("v1", "Pod", namespace, selector)
+                 if _owned_by_sets(p, sets))
     return Snapshot(cr=cr, now=now, nodes=kube.nodes(), gpus_in_use=kube.gpus_in_use(),
-                    children=children, pods=tuple(kube.list("v1", "Pod", namespace, selector)),
-                    crds=crds)
+                    children=children, pods=pods, crds=crds)
