@@ -52,6 +52,7 @@ NAMESPACE = "scale"
 RECONCILE = "longctx_reconcile_duration_seconds"
 QUEUED = "longctx_reconcile_queue_seconds"
 CREATORS = 4
+STARTUP_SECONDS = 120
 REQUEST_ROWS = 16  # the API server's busiest (resource, verb) pairs in the table
 
 
@@ -207,7 +208,12 @@ def main() -> int:
                "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"}
         operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
         metrics_port = operator.metrics_port
-        time.sleep(5)
+        started = time.monotonic()
+        while not operator.healthy():   # measured from here: its start is not per CR
+            if time.monotonic() - started > STARTUP_SECONDS:
+                raise SystemExit(f"the operator's /healthz did not answer within "
+                                 f"{STARTUP_SECONDS} s:\n{operator.tail()}")
+            time.sleep(0.5)
         base = yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())
         base["spec"]["prefill"]["replicas"] = 0
         base["spec"]["decode"]["replicas"] = 0

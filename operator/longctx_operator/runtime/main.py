@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 
 from longctx_core import contract
+from longctx_core.plan.rules import compile_rules
 
 from longctx_operator.controller import engine_load, rollout
 from longctx_operator import metrics
@@ -188,6 +189,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
     engine_load.metrics_networks()   # a bad value stops the start, naming it
+    compile_rules()   # before the first reconcile, which would wait for it
     # The caches list and watch through a client of their own, which reads no cache; the
     # reconcile's client shares its connections and reads through the caches.
     lister = Kube.from_environment()
@@ -196,9 +198,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     CONTROLLER = controller = Controller(Kube(lister.api, caches=caches),
                                          caches, int(os.environ.get("LONGCTX_WORKERS", "2")))
     caches.start()
-    pods = caches.stores["Pod"]
-    controller.engine_watch = EngineWatch(lambda: pods.all() if pods.synced.is_set() else [],
-                                          controller.fault_seen)
+    controller.engine_watch = EngineWatch(caches.engine_pods, controller.fault_seen)
     controller.engine_watch.start()
     if not caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
