@@ -10,6 +10,7 @@ their ownerReferences, and the status is recomputed from the children each time.
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import os
 from collections import Counter
@@ -206,6 +207,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = os.environ.get("LONGCTX_METRICS_PORT")
     if port:
         metrics.serve(int(port), os.environ.get("LONGCTX_METRICS_ADDRESS", "127.0.0.1"))
+    # What the start made (modules, the API's types, the compiled rules) lives as long as
+    # the process: out of the collector's way, so that its full collections, which a burst
+    # of events triggers, do not walk it each time.
+    gc.freeze()
 
 
 @kopf.on.cleanup()
