@@ -13,6 +13,10 @@ resource and verb).
 
     PYTHONPATH=core:operator:. python benchmarks/operator_scale.py [--crs 100]
 
+It exits 1 when a run misses a goal (`missed`): at any size, a child not created, a CR not
+Ready or a write at steady state; at the goals' size (tests/figure_tables.py), the operator's
+CPU per CR or the reconcile p99 over its goal.
+
 CRs use replicas 0 for both roles so that N CRs do not need 16·N simulated GPUs: every
 child object is still created and watched; only the pods are absent.
 """
@@ -31,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import urllib3
@@ -45,13 +50,15 @@ from longctx_operator.runtime.kube import Kube, KubeError, collection_path  # no
 from longctx_operator import kinds  # noqa: E402
 from tests.cluster.controlplane import ControlPlane  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess  # noqa: E402
-from tests.figure_tables import operator_scale  # noqa: E402
+from tests.figure_tables import (GOAL_CPU_PER_CR_S, GOAL_CRS, GOAL_RECONCILE_P99_S,  # noqa: E402
+                                 operator_scale)
 from tests.figures import Figures  # noqa: E402
 
 NAMESPACE = "scale"
 RECONCILE = "longctx_reconcile_duration_seconds"
 QUEUED = "longctx_reconcile_queue_seconds"
 CREATORS = 4
+STARTUP_SECONDS = 120
 REQUEST_ROWS = 16  # the API server's busiest (resource, verb) pairs in the table
 
 
@@ -185,6 +192,27 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def missed(f: dict[str, Any]) -> list[str]:
+    """The goals a run missed: at any size, every child created, every CR Ready and no write
+    at steady state; at GOAL_CRS CRs or more, the CPU per CR and the reconcile p99 too."""
+    out = []
+    if f["children_found"] != f["children_expected"]:
+        out.append(f"{f['children_found']} of {f['children_expected']} children created")
+    if f["ready"] != f["crs"]:
+        out.append(f"{f['ready']} of {f['crs']} CRs Ready")
+    if f["writes_per_cr_steady"] > 0:
+        out.append(f"{f['writes_per_cr_steady']:.2f} API writes per CR at steady state; goal 0")
+    if f["crs"] >= GOAL_CRS:
+        if f["operator_cpu_per_cr_s"] > GOAL_CPU_PER_CR_S:
+            out.append(f"operator CPU per CR {f['operator_cpu_per_cr_s']:.3f} s; goal "
+                       f"<= {GOAL_CPU_PER_CR_S} s")
+        p99 = f["reconcile_p99_s"]
+        if p99 is None or p99 > GOAL_RECONCILE_P99_S:
+            out.append(f"reconcile p99 {'over the last bucket' if p99 is None else f'<= {p99} s'}"
+                       f"; goal <= {GOAL_RECONCILE_P99_S} s")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--crs", type=int, default=100)
@@ -207,7 +235,12 @@ def main() -> int:
                "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"}
         operator = OperatorProcess(cp.kubeconfig, cp.workdir / "operator.log").start()
         metrics_port = operator.metrics_port
-        time.sleep(5)
+        started = time.monotonic()
+        while not operator.healthy():   # measured from here: its start is not per CR
+            if time.monotonic() - started > STARTUP_SECONDS:
+                raise SystemExit(f"the operator's /healthz did not answer within "
+                                 f"{STARTUP_SECONDS} s:\n{operator.tail()}")
+            time.sleep(0.5)
         base = yaml.safe_load((REPO / "examples" / "glm-5.3-1m.yaml").read_text())
         base["spec"]["prefill"]["replicas"] = 0
         base["spec"]["decode"]["replicas"] = 0
@@ -277,7 +310,10 @@ def main() -> int:
         case = f"{args.crs} CRs, {cores} cores"
         Figures("operator-scale", "operator-scale").record(case, figures)
         print("\n".join(operator_scale({"operator-scale": {case: figures}})))
-        return 0
+        failed = missed(figures)
+        for goal in failed:
+            print(f"MISSED: {goal}")
+        return 1 if failed else 0
     finally:
         if operator:
             operator.stop(grace=30)   # may still be finishing reconciles: not measured

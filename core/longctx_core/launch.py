@@ -64,8 +64,14 @@ class LaunchDocument:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        doc = asdict(self)
-        return json.dumps({"format_version": doc.pop("format_version"), **doc}, indent=1)
+        """The document's text, made once: a reconcile reads it for the ConfigMap, each
+        StatefulSet's config digest and the pair checks (a document is never changed)."""
+        text = self.__dict__.get("_text")
+        if text is None:
+            doc = asdict(self)
+            text = json.dumps({"format_version": doc.pop("format_version"), **doc}, indent=1)
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 def parse(text: str, source: str = "<launch document>") -> LaunchDocument:

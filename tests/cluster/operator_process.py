@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from tests.cluster.controlplane import REPO
@@ -45,6 +46,16 @@ class OperatorProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        """Whether its /healthz answers, which Kopf serves once the startup handler has run
+        (the caches listed, the rules compiled); fails when the operator exited."""
+        assert self.alive, f"the operator exited:\n{self.tail()}"
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/healthz"
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except OSError:
+            return False
 
     def kill(self) -> None:
         assert self.proc is not None

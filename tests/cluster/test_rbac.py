@@ -42,16 +42,7 @@ class ServiceAccountOperator(OperatorProcess):
 
     def start(self) -> "ServiceAccountOperator":
         super().start()
-
-        def healthy() -> bool:
-            assert self.alive, f"the operator exited:\n{self.output()[-3000:]}"
-            try:
-                url = f"http://127.0.0.1:{self.health_port}/healthz"
-                return urllib.request.urlopen(url, timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 60, "the operator's /healthz")
+        wait_for(self.healthy, 60, "the operator's /healthz")
         return self
 
     def output(self) -> str:

@@ -54,6 +54,11 @@ class Rule:
         An evaluation error (a missing key, a division by zero) fails the rule, as there."""
         return _holds(self.rule, json.dumps(dump(subject), sort_keys=True))
 
+    def compile(self) -> None:
+        """Compiles the rule now, not at its first evaluation (a rule that is not CEL fails
+        here)."""
+        _program(self.rule)
+
     def render(self, subject: Any) -> str:
         """The message with its placeholders filled, as the API server renders it."""
         return _PLACEHOLDER.sub(lambda m: _cel_string(_resolve(subject, m.group(1))),

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import typing
 from typing import Any, Optional
 
 from longctx_core.sizing import cpu_platform
-from longctx_core.api.spec import NAME_RULE, LongContextDeploymentSpec
+from longctx_core.api.spec import NAME_RULE, LongContextDeploymentSpec, dump_spec, load_spec
 from longctx_core.contract import ROLES
 from longctx_core.plan.extra_args import extra_args_problems
 from longctx_core.sizing.layout import role_layout
@@ -43,6 +44,14 @@ def table(cls: type = LongContextDeploymentSpec, path: str = "spec"
     return tuple(out)
 
 
+def compile_rules() -> None:
+    """Compiles every rule of the API. The first compile builds cel-python's parser (about
+    a second of CPU): a long-lived process does it at its start, not in its first checks."""
+    for _, rule in table():
+        rule.compile()
+    NAME_RULE.compile()
+
+
 def _unwrap(tp: Any) -> Any:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     return args[0] if typing.get_origin(tp) is not None and len(args) == 1 else tp
@@ -57,12 +66,20 @@ def _at(spec: LongContextDeploymentSpec, path: str) -> Any:
 
 def rule_violations(spec: LongContextDeploymentSpec) -> list[str]:
     """The message of every API rule the spec breaks, prefixed by the field's path."""
+    return list(_violations(json.dumps(dump_spec(spec), sort_keys=True)))
+
+
+# Once per distinct spec: every reconcile of an unchanged CR checks the same spec again, and
+# preparing each rule's subject for CEL is most of a check.
+@functools.lru_cache(maxsize=256)
+def _violations(spec_json: str) -> tuple[str, ...]:
+    spec = load_spec(json.loads(spec_json))
     out = []
     for path, rule in table():
         subject = _at(spec, path)
         if subject is not None and not rule.holds(subject):
             out.append(f"{path}: {rule.render(subject)}")
-    return out
+    return tuple(out)
 
 
 def name_problem(cr_name: str) -> Optional[str]:

@@ -14,11 +14,12 @@ kv_cache_dtype), the hybrid KV cache manager (on for both), and the NIXL transfe
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable, Optional
 
 from longctx_core import contract
-from longctx_core.plan.extra_args import parse_flags
+from longctx_core.plan.extra_args import Flag, parse_flags
 from longctx_core.vllm_config.recipes import EngineCommand, canonical_kv_cache_dtype
 from longctx_core.plan.revision import HANDSHAKE_FACTORS
 
@@ -32,17 +33,27 @@ _HMA_CONNECTORS = {"NixlConnector", "NixlPullConnector", "NixlPushConnector",
 _SPEC_HASH_KEYS = ("model", "revision", "parallel_drafting", "kv_cache_dtype")
 
 
+def _flags(cmd: EngineCommand) -> tuple[Flag, ...]:
+    return _parsed(tuple(cmd.argv[3:]))
+
+
+# Each comparison reads a few flags of the same two commands.
+@functools.lru_cache(maxsize=16)
+def _parsed(args: tuple[str, ...]) -> tuple[Flag, ...]:
+    return tuple(parse_flags(list(args)))
+
+
 def _flag(cmd: EngineCommand, *names: str) -> Optional[str]:
     """Last value of a flag (by canonical name) in the command, or None."""
     value = None
-    for a in parse_flags(cmd.argv[3:]):
+    for a in _flags(cmd):
         if a.name in names:
             value = a.value
     return value
 
 
 def _has(cmd: EngineCommand, spelled: set[str]) -> bool:
-    return any(a.spelled in spelled for a in parse_flags(cmd.argv[3:]))
+    return any(a.spelled in spelled for a in _flags(cmd))
 
 
 def model_string(cmd: EngineCommand) -> str:

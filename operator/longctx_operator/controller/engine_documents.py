@@ -4,6 +4,7 @@ differently from what it runs (an operator upgrade)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from longctx_core import contract
@@ -20,12 +21,18 @@ def check_pair(prefill: LaunchDocument, decode: LaunchDocument) -> None:
     """Refuses to pair a prefill and a decode whose engines could not complete a NIXL
     handshake. The two documents may come from different renderings: an in-place roll of
     one role pairs its new engines with the other role's running ones."""
-    commands = [EngineCommand(**vars(fill(doc, f"{doc.deployment}-{doc.role}-0", "0.0.0.0")))
-                for doc in (prefill, decode)]
-    mismatches = pd_compatibility(*commands)
+    mismatches = _mismatches(prefill.to_json(), decode.to_json())
     if mismatches:
         raise RecipeError("prefill and decode engines are incompatible for NIXL: "
                           + "; ".join(mismatches))
+
+
+# Once per pair of documents: every reconcile of an unchanged CR checks the same pair.
+@functools.lru_cache(maxsize=256)
+def _mismatches(prefill: str, decode: str) -> tuple[str, ...]:
+    commands = [EngineCommand(**vars(fill(doc, f"{doc.deployment}-{doc.role}-0", "0.0.0.0")))
+                for doc in (parse(prefill), parse(decode))]
+    return tuple(pd_compatibility(*commands))
 
 
 def check_in_place_pair(cr: dict[str, Any], plan: ServingPlan,

@@ -197,6 +197,13 @@ class Store:
             texts = [e.text for e in self._objects.values()]
         return [json.loads(t) for t in texts]
 
+    def labelled(self, key: str, values: Iterable[str]) -> list[dict[str, Any]]:
+        """The objects whose label `key` has one of `values` (only those are decoded)."""
+        wanted = set(values)
+        with self._lock:
+            texts = [e.text for e in self._objects.values() if e.labels.get(key) in wanted]
+        return [json.loads(t) for t in texts]
+
     def select(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         with self._lock:
             instance = labels.get(contract.INSTANCE_LABEL)
@@ -400,6 +407,14 @@ class Caches:
         """The engine pods the cache holds on `node`."""
         return [p for p in self.stores["Pod"].all()
                 if (p.get("spec") or {}).get("nodeName") == node]
+
+    def engine_pods(self) -> list[dict[str, Any]]:
+        """The engine and endpoint pods (what the engine watch reads), once listed: not the
+        routers' and pickers' pods, which it would decode for nothing at every look."""
+        pods = self.stores["Pod"]
+        return pods.labelled(contract.COMPONENT_LABEL,
+                             (*contract.ROLES, contract.ENDPOINT_COMPONENT)) \
+            if pods.synced.is_set() else []
 
     def crd_established(self, name: str) -> bool | None:
         """Whether a CRD is installed and established; None until the CRD list is in."""

@@ -84,6 +84,10 @@ class Kube:
         # for its requests; from a full pool a connection is discarded after use, and every
         # later request pays a new TLS handshake.
         config.connection_pool_maxsize = CONNECTIONS
+        # The loaders' token refresh hook sets the host again before every request, and
+        # each time the client reads the proxy from the whole environment anew (near a
+        # tenth of a request's CPU): read it once.
+        config.proxy = config.proxy
         return cls(kubernetes.client.ApiClient(config))
 
     # -- low level

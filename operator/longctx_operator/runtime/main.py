@@ -10,6 +10,7 @@ their ownerReferences, and the status is recomputed from the children each time.
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import os
 from collections import Counter
@@ -18,6 +19,7 @@ from typing import Any
 import kopf
 
 from longctx_core import contract
+from longctx_core.plan.rules import compile_rules
 
 from longctx_operator.controller import engine_load, rollout
 from longctx_operator.controller.memory import Memory
@@ -190,6 +192,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.peering.lifetime = int(os.environ.get("LONGCTX_PEERING_LIFETIME", "60"))
     namespaces = tuple(n for n in os.environ.get("LONGCTX_NAMESPACES", "").split(",") if n)
     engine_load.metrics_networks()   # a bad value stops the start, naming it
+    compile_rules()   # before the first reconcile, which would wait for it
     # The caches list and watch through a client of their own, which reads no cache; the
     # reconcile's client shares its connections and reads through the caches.
     lister = Kube.from_environment()
@@ -199,9 +202,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
                             int(os.environ.get("LONGCTX_WORKERS", "2")))
     memo.controller = controller
     caches.start()
-    pods = caches.stores["Pod"]
-    controller.engine_watch = EngineWatch(lambda: pods.all() if pods.synced.is_set() else [],
-                                          controller.fault_seen, controller.memory)
+    controller.engine_watch = EngineWatch(caches.engine_pods, controller.fault_seen,
+                                          controller.memory)
     controller.engine_watch.start()
     if not caches.wait_synced(CACHE_SYNC_SECONDS):
         log.warning("watch caches not synced after %d s; reading from the API server until "
@@ -209,6 +211,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     port = os.environ.get("LONGCTX_METRICS_PORT")
     if port:
         metrics.serve(int(port), os.environ.get("LONGCTX_METRICS_ADDRESS", "127.0.0.1"))
+    # What the start made (modules, the API's types, the compiled rules) lives as long as
+    # the process: out of the collector's way, so that its full collections, which a burst
+    # of events triggers, do not walk it each time.
+    gc.freeze()
 
 
 @kopf.on.cleanup()

@@ -5,6 +5,8 @@ Deployment. Also the names the pool and the decode sidecar share with it (router
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any, Optional
 
 import yaml
@@ -113,9 +115,14 @@ def picker_config(spec: api.LongContextDeploymentSpec,
 def picker_config_text(spec: api.LongContextDeploymentSpec,
                        capacity: Optional[CapacityPlan] = None) -> str:
     """The config file content, byte-for-byte stable for one spec (its hash restarts the picker)."""
-    # libyaml's emitter: PyYAML's pure-Python one was a tenth of the operator's CPU at a
-    # burst of new CRs.
-    return yaml.dump(picker_config(spec, capacity), Dumper=yaml.CSafeDumper, sort_keys=False,
+    return _yaml(json.dumps(picker_config(spec, capacity)))
+
+
+# Once per distinct config: every reconcile renders it, and PyYAML's representer is pure
+# Python even with libyaml's emitter.
+@functools.lru_cache(maxsize=256)
+def _yaml(config_json: str) -> str:
+    return yaml.dump(json.loads(config_json), Dumper=yaml.CSafeDumper, sort_keys=False,
                      default_flow_style=False)
 
 
