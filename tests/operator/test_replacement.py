@@ -14,7 +14,7 @@ from longctx_core.api.spec import load_spec
 from longctx_core.plan.roles import serving_plan
 from longctx_operator.controller.routers import router_for
 from longctx_operator.controller.builders.engine import pod_disruption_budget, revision_objects
-from longctx_operator.controller.replacement import cordoned, plan_for_revision, role_swap
+from longctx_operator.controller.replacement import plan_for_revision, role_swap
 from longctx_operator.controller.rollout import DRAINING_ANNOTATION, group_revisions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,6 +211,10 @@ def test_the_only_pod_of_a_role_is_never_evicted_under_surge():
 def test_cordoned_reads_the_nodes_unschedulable_flag():
     nodes = [{"metadata": {"name": "a"}, "spec": {"unschedulable": True}},
              {"metadata": {"name": "b"}, "spec": {}}]
+    from longctx_operator.controller.observe import Snapshot
+
+    def cordoned(nodes):
+        return Snapshot({}, None, nodes, None, {}, (), frozenset()).cordoned
     assert cordoned(nodes) == {"a"} and cordoned(None) == set()
 
 

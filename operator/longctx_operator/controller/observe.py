@@ -60,20 +60,24 @@ def _component(obj: dict[str, Any]) -> Optional[str]:
     return (obj["metadata"].get("labels") or {}).get(contract.COMPONENT_LABEL)
 
 
+def _controller(obj: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The owner reference that controls `obj`, if any."""
+    return next((r for r in obj["metadata"].get("ownerReferences") or []
+                 if r.get("controller")), None)
+
+
 def _owned(obj: dict[str, Any], uid: Optional[str]) -> bool:
     """Whether `obj` is this CR's: a deleted CR of the same name leaves its children, which
     carry its name's labels, until the garbage collector removes them; they are not this
     CR's revisions (and not this reconcile's to delete)."""
-    controller = next((r for r in obj["metadata"].get("ownerReferences") or []
-                       if r.get("controller")), None)
+    controller = _controller(obj)
     return controller is None or uid is None or controller.get("uid") == uid
 
 
 def _owned_by_sets(pod: dict[str, Any], sets: set[Optional[str]]) -> bool:
     """Whether `pod` is one of these StatefulSets' or of another workload (the router's,
     the endpoint's), not of a StatefulSet `_owned` left out."""
-    controller = next((r for r in pod["metadata"].get("ownerReferences") or []
-                       if r.get("controller")), None)
+    controller = _controller(pod)
     return controller is None or controller.get("kind") != "StatefulSet" or \
         controller.get("uid") in sets
 

@@ -71,10 +71,6 @@ def changes_template(desired: dict[str, Any], live: dict[str, Any]) -> bool:
     return not matches(desired["spec"]["template"], live["spec"]["template"])
 
 
-def cordoned(nodes: Optional[list[dict[str, Any]]]) -> set[str]:
-    return {n["metadata"]["name"] for n in nodes or [] if (n.get("spec") or {}).get("unschedulable")}
-
-
 def _rendered(cr: dict[str, Any], plan: ServingPlan, role: str, revision: str,
               router: Router) -> dict[str, Any]:
     return statefulset(cr, plan.with_role_revisions({role: revision}).role(role), router)
