@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, AsyncIterator, Optional, Union
 
 import aiohttp
 from aiohttp import web
@@ -55,36 +55,53 @@ class ClientGone(Exception):
 
 
 class ClientStream:
-    """The client's SSE response, started at the first byte sent."""
+    """The client's SSE response. Its headers go out as soon as an upstream has answered 200
+    (`open`), while the first token is still being computed, so that preparing them is not
+    on the first token's path; `started` once a byte of the body was sent."""
 
     def __init__(self, request: web.Request):
         self.request = request
         self.response: Optional[web.StreamResponse] = None
+        self.started = False
+        self.held: list[bytes] = []
 
-    @property
-    def started(self) -> bool:
-        return self.response is not None
+    async def open(self) -> web.StreamResponse:
+        if self.response is None:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-cache"})
+            try:
+                await response.prepare(self.request)
+            except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+                raise ClientGone(None) from exc
+            self.response = response
+        return self.response
 
-    async def _prepared(self) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
-        await response.prepare(self.request)
-        self.response = response
-        return response
+    def hold(self, data: bytes) -> None:
+        """Keeps `data` for the next write."""
+        self.held.append(data)
+
+    async def flush(self) -> None:
+        if self.held:
+            data, self.held = b"".join(self.held), []
+            await self.send(data)
 
     async def send(self, data: bytes) -> None:
+        response = await self.open()
+        self.started = True
         try:
-            await (self.response or await self._prepared()).write(data)
+            await response.write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone(self.response) from exc
+            raise ClientGone(response) from exc
 
     async def end(self, data: bytes = b"") -> web.StreamResponse:
-        """Sends the last `data` and the end of the body, in one write."""
+        """Sends what is held, the last `data` and the end of the body, in one write."""
+        data, self.held = b"".join((*self.held, data)), []
+        response = await self.open()
+        self.started = True
         try:
-            response = self.response or await self._prepared()
             await response.write_eof(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone(self.response) from exc
+            raise ClientGone(response) from exc
         return response
 
 
@@ -145,6 +162,14 @@ def _upstream_kind(path: str) -> str:
 def _status_reason(status: int) -> str:
     return (metrics.UPSTREAM_UNREACHABLE if status in (502, 503, 504)
             else metrics.FAILED_BEFORE_FIRST_TOKEN)
+
+
+async def _events(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The data of an upstream stream's server-sent events, as each read brought them."""
+    rest = b""   # an event not yet whole
+    while data := await content.readany():
+        *events, rest = (rest + data).split(b"\n\n")
+        yield [event[5:].strip() for event in events if event.startswith(b"data:")]
 
 
 def _opening(line: bytes) -> Optional[bool]:
@@ -241,7 +266,7 @@ class Relay:
     async def _attempt(self, url: str, upstream: dict[str, Any], upstream_kind: str,
                        answer: Answer, stream: Optional[ClientStream], breaks: Breaks
                        ) -> Outcome:
-        got_token = broken = finished = False
+        got_token = broken = finished = ended = False
         deadline = breaks.deadline()
         try:
             async with asyncio.timeout_at(None) as scope:
@@ -254,37 +279,44 @@ class Relay:
                         if resp.status >= 500:
                             return _status_reason(resp.status)
                         return Refused(resp.status, data, resp.content_type)
-                    while event := await resp.content.readuntil(b"\n\n"):
-                        if not event.startswith(b"data:"):
-                            continue
-                        data = event[5:].strip()
-                        out = answer.take_plain(data)
-                        tokens = out is not None
-                        if out is None:
-                            if data == b"[DONE]":
-                                if finished:
-                                    continue
-                                break
-                            chunk = json.loads(data)
-                            delta = read_chunk(upstream_kind, chunk)
-                            if delta.error is not None:
-                                broken = True
-                                break
-                            out = answer.take(upstream_kind, data, chunk, delta)
-                            tokens = bool(delta.token_ids)
-                        if out is not None and stream is not None:
-                            await stream.send(out)
-                        if tokens and not got_token:
-                            got_token = True
-                            scope.reschedule(None)
-                            breaks.token_sent()
-                        if answer.finish_reason is not None and not finished:
-                            # What follows (the usage chunk, [DONE]) comes at once: read to
-                            # the end of the body, for a moment at most, so that its
-                            # connection is kept for the next answer instead of closed.
-                            finished = True
-                            scope.reschedule(asyncio.get_running_loop().time()
-                                             + TAIL_SECONDS)
+                    if stream is not None:
+                        await stream.open()
+                    async for events in _events(resp.content):
+                        for data in events:
+                            out = answer.take_plain(data)
+                            tokens = out is not None
+                            if out is None:
+                                if data == b"[DONE]":
+                                    ended = True
+                                    break
+                                chunk = json.loads(data)
+                                delta = read_chunk(upstream_kind, chunk)
+                                if delta.error is not None:
+                                    broken = ended = True
+                                    break
+                                out = answer.take(upstream_kind, data, chunk, delta)
+                                tokens = bool(delta.token_ids)
+                            if out is not None and stream is not None:
+                                stream.hold(out)
+                            if tokens and not got_token:
+                                got_token = True
+                                scope.reschedule(None)
+                                breaks.token_sent()
+                            if answer.finish_reason is not None and not finished:
+                                # What follows (the usage chunk, [DONE]) comes at once: the
+                                # body is read to its end, for a moment at most, so that its
+                                # connection is kept for the next answer, not closed.
+                                finished = True
+                                scope.reschedule(asyncio.get_running_loop().time()
+                                                 + TAIL_SECONDS)
+                        # What precedes the first token (a chat's role chunk) waits for it;
+                        # what one read brought goes to the client in one write.
+                        if got_token and stream is not None:
+                            await stream.flush()
+                        if ended:
+                            break
+                    if finished:
+                        await resp.content.read()
         except aiohttp.ClientConnectorError:
             return metrics.UPSTREAM_UNREACHABLE
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
@@ -347,8 +379,16 @@ class Relay:
                     await resp.read()
                     return _status_reason(resp.status)
                 if stream is None or resp.status != 200:
-                    return web.Response(body=await resp.read(), status=resp.status,
+                    data = await resp.read()
+                    if stream is not None and stream.response is not None:
+                        # An earlier attempt's 200 went out: the refusal can only be told
+                        # in the stream.
+                        return await self._give_up(stream, metrics.REFUSED, (
+                            f"the answer could not be completed: refused with HTTP "
+                            f"{resp.status} ({data[:200].decode(errors='replace')})"))
+                    return web.Response(body=data, status=resp.status,
                                         content_type=resp.content_type)
+                await stream.open()
                 held: list[bytes] = []   # what precedes the first token (a chat's role)
                 async for line in resp.content:
                     if not stream.started:

@@ -46,6 +46,7 @@ class FakeVllm:
     faults: list[Optional[Fault]] = field(default_factory=list)   # by request, in order
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     tail_seconds: float = 0.0    # from a stream's finish reason to its usage chunk
+    token_seconds: float = 0.0   # before each streamed token
     peers: set[Any] = field(default_factory=set)   # the connections requests came on
 
     def app(self) -> web.Application:
@@ -111,6 +112,7 @@ class FakeVllm:
                 if fault.kind == "no_finish":
                     await resp.write(b"data: [DONE]\n\n")
                     return resp
+            await asyncio.sleep(self.token_seconds)
             token = next_token(prompt + tokens)
             tokens.append(token)
             finish = "length" if len(tokens) == limit else None
