@@ -372,7 +372,7 @@ def test_equal_snapshots_desire_equal_objects():
     """The desired state is a pure function of the snapshot: desired from two snapshots of
     the same cluster (a CR whose old decode pod drains, a cordoned node under the router),
     it is equal, the router's part included, and desiring read and wrote nothing."""
-    from longctx_operator.controller.desire import desire, draining_pods, intend
+    from longctx_operator.controller.desire import SpecPlans, desire, draining_pods, intend
     from longctx_operator.controller.observe import observe
     fake = FakeCluster(nodes=[node("node-a"), node("node-b")])
     deploy(fake)
@@ -390,7 +390,7 @@ def test_equal_snapshots_desire_equal_objects():
     reads = (fake.observed, fake.deployment_reads, len(fake.writes))
     desired = []
     for snapshot in snapshots:
-        intent = intend(snapshot)
+        intent = intend(snapshot, SpecPlans())
         desired.append(desire(snapshot, intent, {p["metadata"]["name"]: 1.0
                                                  for p in draining_pods(intent)}))
     first, second = desired

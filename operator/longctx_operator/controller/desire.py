@@ -6,6 +6,7 @@ it is built, and equal inputs give equal objects."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -63,30 +64,77 @@ class Intent:
         return self.refusal is None and self.plan is not None
 
 
-def intend(snapshot: Snapshot) -> Intent:
-    """Loads the spec and plans it against the snapshot's nodes and children."""
-    cr = snapshot.cr
-    previous = cr.get("status") or {}
-    revisions = snapshot.revisions()
-    spec = router = plan = plan_json = None
+@dataclass(frozen=True)
+class SpecPlan:
+    """What the spec and the nodes' memory alone decide: the loaded spec, its router, the
+    capacity plan (`plan_json`) and the serving plan with its launch documents, or why
+    the spec is refused."""
+
+    spec: Optional[api.LongContextDeploymentSpec]
+    router: Optional[Router]
+    plan: Optional[ServingPlan]
+    plan_json: Optional[dict[str, Any]]
+    refusal: Optional[Refusal]
+
+
+def plan_spec(cr: dict[str, Any], nodes: Optional[list[NodeMemory]]) -> SpecPlan:
+    """Loads the CR's spec and plans it on `nodes` (None: not known)."""
+    spec = router = plan_json = None
     try:
         spec = api.load_spec(cr.get("spec"))
         router = router_for(spec)
-        nodes = None if snapshot.nodes is None else [
-            n for n in map(NodeMemory.from_manifest, snapshot.nodes) if n is not None]
         capacity = plan_capacity(spec, nodes)
         plan_json = capacity.to_json()
         topology = topology_plan(spec, nodes)
         if topology is not None:
             plan_json["topology"] = topology.to_json()
         if not capacity.fits:
-            return Intent(spec, router, None, plan_json, Refusal(
-                "CapacityPlanned", capacity.reason, capacity.refusal or ""), revisions)
+            return SpecPlan(spec, router, None, plan_json, Refusal(
+                "CapacityPlanned", capacity.reason, capacity.refusal or ""))
         plan = rendered(cr, serving_plan(spec, cr["metadata"]["name"], capacity))
         check_pair(*(role.document for role in plan.roles))
     except (SpecError, RecipeError) as exc:
-        return Intent(spec, router, None, plan_json,
-                      Refusal("Accepted", "InvalidSpec", str(exc)), revisions)
+        return SpecPlan(spec, router, None, plan_json,
+                        Refusal("Accepted", "InvalidSpec", str(exc)))
+    return SpecPlan(spec, router, plan, plan_json, None)
+
+
+class SpecPlans:
+    """Each CR's last SpecPlan with its inputs (its name, namespace and spec, the nodes'
+    memory): most reconciles follow a child's status change, not an edit, and planning
+    was most of such a reconcile's CPU. Equal inputs give an equal plan, so the last one
+    is reused."""
+
+    def __init__(self) -> None:
+        self._last: dict[Key, tuple[Any, SpecPlan]] = {}
+
+    def of(self, cr: dict[str, Any], nodes: Optional[list[NodeMemory]]) -> SpecPlan:
+        meta = cr["metadata"]
+        key = (meta["namespace"], meta["name"])
+        inputs = (cr.get("spec"), nodes)
+        last = self._last.get(key)
+        if last is not None and last[0] == inputs:
+            return last[1]
+        planned = plan_spec(cr, nodes)
+        self._last[key] = (copy.deepcopy(inputs), planned)
+        return planned
+
+    def forget(self, key: Key) -> None:
+        self._last.pop(key, None)
+
+
+def intend(snapshot: Snapshot, plans: SpecPlans) -> Intent:
+    """Plans the spec against the snapshot's nodes (through `plans`) and its children."""
+    cr = snapshot.cr
+    previous = cr.get("status") or {}
+    revisions = snapshot.revisions()
+    nodes = None if snapshot.nodes is None else [
+        n for n in map(NodeMemory.from_manifest, snapshot.nodes) if n is not None]
+    planned = plans.of(cr, nodes)
+    spec, router, plan, plan_json = planned.spec, planned.router, planned.plan, \
+        planned.plan_json
+    if plan is None or planned.refusal is not None:
+        return Intent(spec, router, None, plan_json, planned.refusal, revisions)
     # The revision that serves: the one the router sends requests to (one write switches
     # it, so it is the truth), else the one the status last recorded.
     serving = router.serving_revision(snapshot) or previous.get("revision")

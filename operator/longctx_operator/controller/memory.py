@@ -1,8 +1,8 @@
 """What the operator keeps in its memory between reconciles, in one object that the
 Controller owns (runtime/main.py) and passes to each reconcile and to the engine watch:
 the watch's last readings (requests in flight, fault counters, answers) and, per CR, since
-when each draining pod has been idle and since when a role has had no Ready pod. A
-restarted operator starts it empty and looks again."""
+when each draining pod has been idle, since when a role has had no Ready pod, and its
+spec's last plan. A restarted operator starts it empty and looks again."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from longctx_operator import metrics
 from longctx_operator.controller.answers import Answers
 from longctx_operator.controller.data_path import Recorded
+from longctx_operator.controller.desire import SpecPlans
 from longctx_operator.controller.engine_load import IdleTracker, Loads
 
 CR = tuple[str, str]   # (namespace, name)
@@ -28,6 +29,7 @@ class Memory:
         self.answers = Answers()
         self._idle: dict[CR, IdleTracker] = {}
         self._zero_since: dict[CR, float] = {}
+        self.plans = SpecPlans()
 
     def idle(self, cr: CR, draining: list[dict[str, Any]], now: datetime.datetime
              ) -> dict[str, float]:
@@ -54,3 +56,4 @@ class Memory:
         self._zero_since.pop(cr, None)
         self.recorded.forget(cr)
         self.answers.forget(cr)
+        self.plans.forget(cr)

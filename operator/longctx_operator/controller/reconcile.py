@@ -68,7 +68,7 @@ def _reconcile(kube: Cluster, cr: dict[str, Any], memory: Memory, outcome: Outco
     meta = cr["metadata"]
     key = (meta["namespace"], meta["name"])
     snapshot = observe(kube, cr, _utcnow())
-    intent = intend(snapshot)
+    intent = intend(snapshot, memory.plans)
     desired: Desired | None = None
     acts = Acts()
     if intent.accepted:
