@@ -45,6 +45,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                   "--router-url (every attempt goes there)")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # A line per request is the engines' to log (vLLM logs each one it serves) and
+        # costs the endpoint CPU beside the engines: only at --log-level debug.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     upstreams = Upstreams(router_url=args.router_url)
     if watched:
         PodWatch(upstreams, args.namespace, args.instance).start()
