@@ -20,6 +20,9 @@ class Kind:
     crd: str | None = None       # optional kind: used only when this CRD exists
     verbs: tuple[str, ...] = ()  # what else the operator does with it (Events: create)
     status_patch: bool = False   # the operator writes its status subresource
+    # Whether a reconcile reads its status (a workload's readiness): if not, a change of
+    # only its status, which another controller writes, asks for no reconcile.
+    status_read: bool = True
     cluster_scoped: bool = False
     # A reconcile applies its children in waves, each wave's objects at once: workloads
     # after what their pods refer to (a pod whose ServiceAccount does not exist yet is
@@ -73,7 +76,8 @@ KINDS = (
     Kind("v1", "ConfigMap", "configmaps", managed=True, watched=True),
     Kind("v1", "Service", "services", managed=True, watched=True),
     Kind("apps/v1", "StatefulSet", "statefulsets", managed=True, watched=True, wave=1),
-    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", managed=True, watched=True),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", managed=True, watched=True,
+         status_read=False),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", managed=True, watched=True),
     Kind("apps/v1", "Deployment", "deployments", managed=True, watched=True, wave=1),
     Kind("v1", "ServiceAccount", "serviceaccounts", managed=True, watched=True),
@@ -81,7 +85,7 @@ KINDS = (
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", managed=True,
          watched=True, wave=1),
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools", managed=True,
-         watched=True),
+         watched=True, status_read=False),
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", managed=True,
          crd="httproutes.gateway.networking.k8s.io"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors", managed=True,
@@ -89,7 +93,7 @@ KINDS = (
     Kind("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", managed=True,
          crd="prometheusrules.monitoring.coreos.com"),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", managed=True,
-         watched=True),
+         watched=True, status_read=False),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", managed=True,
          crd="scaledobjects.keda.sh"),
     # Pods are never created or deleted by the operator; a pod leaving on scale-down gets

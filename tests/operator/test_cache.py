@@ -220,3 +220,27 @@ def test_gpu_use_counts_what_bound_pods_of_every_namespace_request_until_they_fi
     assert use.remove(gpu_pod("b", "n1", 4, namespace="other"))
     assert not use.remove(gpu_pod("cpu", "n2", 0))        # never held
     assert use.by_node() == {"n2": 8}
+
+
+def test_a_change_of_only_a_status_no_reconcile_reads_is_stored_and_is_no_news():
+    """A PodDisruptionBudget's status is the disruption controller's, and no reconcile
+    reads it: its updates must not each ask for a reconcile. Its spec or labels changing
+    does; a StatefulSet's status changing (its readiness) does."""
+    pdb = Store(kinds.KIND_BY_NAME["PodDisruptionBudget"], (None,))
+    first = {**obj("a-prefill", "a", version="1"), "spec": {"minAvailable": 1}}
+    assert pdb.upsert(first)
+    status_only = {**first, "metadata": {**first["metadata"], "resourceVersion": "2"},
+                   "status": {"disruptionsAllowed": 0, "currentHealthy": 1}}
+    assert not pdb.upsert(status_only)
+    assert pdb.get("ns", "a-prefill")["status"]["currentHealthy"] == 1
+    spec_edit = {**status_only, "metadata": {**status_only["metadata"], "resourceVersion": "3"},
+                 "spec": {"minAvailable": 0}}
+    assert pdb.upsert(spec_edit)
+    relabelled = {**spec_edit, "metadata": {**spec_edit["metadata"], "resourceVersion": "4",
+                                            "labels": {"x": "y"}}}
+    assert pdb.upsert(relabelled)
+
+    sts = Store(KIND, (None,))
+    assert sts.upsert({**obj("a-decode", "a", version="1"), "spec": {"replicas": 1}})
+    assert sts.upsert({**obj("a-decode", "a", version="2"), "spec": {"replicas": 1},
+                       "status": {"readyReplicas": 1}})

@@ -60,17 +60,27 @@ def _compact(obj: dict[str, Any], kind: kinds.Kind) -> str:
                        "metadata": meta}, separators=(",", ":"))
 
 
+def _essence(obj: dict[str, Any]) -> str:
+    """What of an object is not its status nor the version and bookkeeping of its metadata
+    (compact JSON)."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items()
+            if k not in ("managedFields", "resourceVersion")}
+    return json.dumps({**obj, "metadata": meta, "status": None}, separators=(",", ":"),
+                      sort_keys=True)
+
+
 @dataclass(frozen=True)
 class _Entry:
     labels: dict[str, str]
     version: str
     text: str
+    essence: str = ""   # of a kind whose status no reconcile reads (kinds.Kind.status_read)
 
     @classmethod
     def of(cls, obj: dict[str, Any], kind: kinds.Kind) -> "_Entry":
         meta = obj["metadata"]
         return cls(dict(meta.get("labels") or {}), meta.get("resourceVersion", ""),
-                   _compact(obj, kind))
+                   _compact(obj, kind), "" if kind.status_read else _essence(obj))
 
     def newer_than(self, current: "_Entry | None") -> bool:
         return current is None or _not_older(self.version, current.version)
@@ -159,7 +169,8 @@ class Store:
 
     def upsert(self, obj: dict[str, Any]) -> bool:
         """Stores the object unless the store has it at this version or newer (or it was
-        deleted since); True when it stored it."""
+        deleted since); True when it stored a change a reconcile reads: not one of only a
+        status no reconcile reads (kinds.Kind.status_read), which it stores all the same."""
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
@@ -168,11 +179,13 @@ class Store:
             return False   # the same version: this operator's own write, or the other watch
         entry = _Entry.of(obj, self.kind)
         with self._lock:
-            if not entry.newer_than(self._objects.get(key)) or self._buried(key, entry):
+            current = self._objects.get(key)
+            if not entry.newer_than(current) or self._buried(key, entry):
                 return False
             self._tombstones.pop(key, None)
             self._put(key, entry)
-            return True
+        return not (current is not None and entry.essence
+                    and entry.essence == current.essence)
 
     def remove(self, obj: dict[str, Any]) -> bool:
         """Forgets the object unless the store holds a newer one; True when it held it."""
