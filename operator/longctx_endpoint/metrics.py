@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from longctx_endpoint.upstreams import PD, PREFILL_ONLY
+
 REQUESTS = Counter("longctx_endpoint_requests", "Answers started, by the route of their "
                    "first attempt: pd (the router) or prefill_only (no decode pod Ready).",
                    ["route"])
@@ -36,5 +38,5 @@ for _reason in BREAKS:
     ATTEMPTS.labels(_reason)
 for _reason in GIVE_UPS:
     GIVEN_UP.labels(_reason)
-for _route in ("pd", "prefill_only"):
-    REQUESTS.labels(_route)
+# Each answer counts one: its child is looked up once here, not on the request's path.
+REQUESTS_BY_ROUTE = {route: REQUESTS.labels(route) for route in (PD, PREFILL_ONLY)}

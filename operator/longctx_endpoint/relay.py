@@ -204,7 +204,7 @@ class Relay:
                 await asyncio.sleep(TARGET_POLL_SECONDS)
                 target = self.upstreams.target()
         if first:
-            metrics.REQUESTS.labels(target.route if target else PD).inc()
+            metrics.REQUESTS_BY_ROUTE[target.route if target else PD].inc()
         return target
 
     async def _no_target(self, stream: Optional[ClientStream], breaks: Breaks
@@ -214,7 +214,7 @@ class Relay:
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         try:
-            body = await request.json()
+            body = json.loads(await request.read())
         except ValueError:
             return web.json_response(error_body("the request body is not JSON", 400,
                                                 "BadRequestError"), status=400)
