@@ -1,22 +1,25 @@
 """What the client-facing endpoint (longctx-endpoint) adds on the hot path, on the CPU example:
 time to first token and time between tokens through the endpoint against straight through
-vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 tokens it relays.
+vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 tokens it relays;
+beside them, the physical baseline: a pass-through proxy on the endpoint's stack
+(benchmarks/passthrough_proxy.py), what one more HTTP hop costs before any work of the
+endpoint's own.
 
 A prefill engine and a decode engine, each launched as the operator renders
 examples/tiny-mla-cpu.yaml (benchmarks/cpu_costs.py's launcher), vllm-router in P/D mode in
-front of them, and the endpoint in front of the router, all on 127.0.0.1. Rounds alternate
-the two paths (which goes first alternates too), after a warm-up round each way that is not
-counted; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt its own
-(no prefix cache hit) and of the same length. What the endpoint adds is each round's median
+front of them, and the endpoint and the proxy in front of the router, all on 127.0.0.1.
+Rounds take the paths in turn (which goes first rotates), after a warm-up round each way that
+is not counted; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt
+its own (no prefix cache hit) and of the same length. What a path adds is each round's median
 through it against the router's in the same round, a ratio a round; the figure is the median
 of those ratios, with its 95% confidence interval: the engines share the machine's cores
 with everything else on it, and a round's ratio spreads by more than the 2% judged. The
 endpoint's CPU is its process's user + system time over the rounds (it is idle while the
-router's run). The figures go to build/figures/<run>/endpoint-overhead.json; `make figures`
-renders docs/data-path.md's table. Exits 1 when the endpoint adds more than MAX_ADDED to
-either latency.
+other paths run). The figures go to build/figures/<run>/endpoint-overhead.json; `make
+figures` renders docs/data-path.md's table. Exits 1 when the endpoint adds more than
+MAX_ADDED to either latency.
 
-Needs the engine environment (tools/engine-env.sh); about 5 minutes on 2 cores, alone on the
+Needs the engine environment (tools/engine-env.sh); about 7 minutes on 2 cores, alone on the
 machine (the engines and the endpoint share its cores):
 
     PYTHONPATH=core:engine:operator:. $(tools/python-env.sh)/bin/python \\
@@ -46,7 +49,7 @@ from benchmarks.cpu_costs import HOST, PORTS, launch, spec_for, wait_healthy, wo
 from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
 from tests.figures import Figures  # noqa: E402
 
-ROUTER_PORT, ENDPOINT_PORT = 18230, 18240
+ROUTER_PORT, ENDPOINT_PORT, PROXY_PORT = 18230, 18240, 18250
 CONCURRENCY = 2          # the day-two traffic's: two requests at once on the 2 cores
 PROMPT_WORDS = 256
 ANSWER_TOKENS = 64
@@ -117,20 +120,27 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return (ordered[0], ordered[-1]) if k == 0 else (ordered[k - 1], ordered[n - k])
 
 
+def _added(by_round: dict[str, dict[str, list[float]]], path: str, base: str, key: str
+           ) -> tuple[float, list[float]]:
+    """The median of the rounds' ratios of `path` to `base`, less one, and its 95% CI."""
+    added = [p / b - 1 for b, p in zip(by_round[base][key], by_round[path][key])]
+    return round(statistics.median(added), 4), [round(x, 4) for x in median_interval(added)]
+
+
 async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: int) -> dict:
-    """Rounds alternate the paths (router first in even rounds, the endpoint first in odd
-    ones). What the endpoint adds is judged round by round: each round's median TTFT and
-    median time between tokens through the endpoint against the router's in the same round,
-    so that a slower stretch of the shared machine weighs on both sides alike."""
+    """Rounds take the paths in turn, the first one rotating from round to round. What a
+    path adds is judged round by round: each round's median TTFT and median time between
+    tokens through it against the router's in the same round, so that a slower stretch of
+    the shared machine weighs on every side alike."""
     samples: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "tbt": []} for p in urls}
     by_round: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "tbt": []} for p in urls}
     tokens = 0
     cpu_before = cpu_seconds(endpoint_pid)
     seed = 5000
+    paths = list(urls)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as client:
         for r in range(rounds):
-            order = list(urls) if r % 2 == 0 else list(reversed(urls))
-            for path in order:
+            for path in paths[r % len(paths):] + paths[:r % len(paths)]:
                 seed += CONCURRENCY
                 results = await asyncio.gather(*(one(client, urls[path], model, seed + i)
                                                  for i in range(CONCURRENCY)))
@@ -148,10 +158,13 @@ async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: i
                      "tbt_ms": round(statistics.median(s["tbt"]) * 1e3, 3),
                      "requests": len(s["ttft"])}
     out["endpoint"]["cpu_ms_per_1000_tokens"] = round(cpu / tokens * 1e6, 1)
+    for path in ("proxy", "endpoint"):
+        for key in ("ttft", "tbt"):
+            out[path][f"{key}_added"], out[path][f"{key}_added_ci95"] = _added(
+                by_round, path, "router", key)
     for key in ("ttft", "tbt"):
-        added = [e / r - 1 for r, e in zip(by_round["router"][key], by_round["endpoint"][key])]
-        out["endpoint"][f"{key}_added"] = round(statistics.median(added), 4)
-        out["endpoint"][f"{key}_added_ci95"] = [round(x, 4) for x in median_interval(added)]
+        out["endpoint"][f"{key}_over_proxy"], out["endpoint"][f"{key}_over_proxy_ci95"] = \
+            _added(by_round, "endpoint", "proxy", key)
     return out
 
 
@@ -179,13 +192,17 @@ async def run(rounds: int, logdir: Path) -> dict:
             env={**os.environ, "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"})
         endpoint = f"http://{HOST}:{ENDPOINT_PORT}"
         await wait_ready(f"{endpoint}/health", procs["endpoint"], "the endpoint")
+        procs["proxy"] = start([
+            str(env_dir / "bin" / "python"), str(REPO / "benchmarks" / "passthrough_proxy.py"),
+            str(PROXY_PORT), router], logdir / "proxy.log")
+        proxy = f"http://{HOST}:{PROXY_PORT}"
+        await wait_ready(f"{proxy}/health", procs["proxy"], "the pass-through proxy")
         model = spec.model.servedName
+        urls = {"router": router, "proxy": proxy, "endpoint": endpoint}
         # One warm-up round each way: the first NIXL handshake, the first compiled shapes.
-        await measure({"router": router, "endpoint": endpoint}, model, 1,
-                      procs["endpoint"].pid)
+        await measure(urls, model, 1, procs["endpoint"].pid)
         load_before = os.getloadavg()[0]
-        figures = await measure({"router": router, "endpoint": endpoint}, model, rounds,
-                                procs["endpoint"].pid)
+        figures = await measure(urls, model, rounds, procs["endpoint"].pid)
         # Other work on the machine shows here (the engines alone keep it near 2).
         return {**figures, "load_average": [round(load_before, 2),
                                             round(os.getloadavg()[0], 2)]}
