@@ -1,9 +1,10 @@
 """What the client-facing endpoint (longctx-endpoint) adds on the hot path, on the CPU example:
 time to first token and time between tokens through the endpoint against straight through
 vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 tokens it relays;
-beside them, the physical baseline: a pass-through proxy on the endpoint's stack
-(benchmarks/passthrough_proxy.py), what one more HTTP hop costs before any work of the
-endpoint's own.
+beside them, the physical baselines of one more HTTP hop before any work of the endpoint's
+own: a pass-through proxy on the endpoint's stack (benchmarks/passthrough_proxy.py) and one
+in Go's net/http (benchmarks/passthrough_proxy.go), what the hop costs in a compiled
+language.
 
 A prefill engine and a decode engine, each launched as the operator renders
 examples/tiny-mla-cpu.yaml (benchmarks/cpu_costs.py's launcher), vllm-router in P/D mode in
@@ -19,8 +20,9 @@ other paths run). The figures go to build/figures/<run>/endpoint-overhead.json; 
 figures` renders docs/data-path.md's table. Exits 1 when the endpoint adds more than
 MAX_ADDED to either latency.
 
-Needs the engine environment (tools/engine-env.sh); about 7 minutes on 2 cores, alone on the
-machine (the engines and the endpoint share its cores):
+Needs the engine environment (tools/engine-env.sh) and Go (the control plane's toolchain);
+about 9 minutes on 2 cores, alone on the machine (the engines and the endpoint share its
+cores):
 
     PYTHONPATH=core:engine:operator:. $(tools/python-env.sh)/bin/python \\
         benchmarks/endpoint_overhead.py [--rounds 300] [--max-added 0.02]
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -49,7 +52,7 @@ from benchmarks.cpu_costs import HOST, PORTS, launch, spec_for, wait_healthy, wo
 from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
 from tests.figures import Figures  # noqa: E402
 
-ROUTER_PORT, ENDPOINT_PORT, PROXY_PORT = 18230, 18240, 18250
+ROUTER_PORT, ENDPOINT_PORT, PROXY_PORT, GO_PROXY_PORT = 18230, 18240, 18250, 18260
 CONCURRENCY = 2          # the day-two traffic's: two requests at once on the 2 cores
 PROMPT_WORDS = 256
 ANSWER_TOKENS = 64
@@ -158,7 +161,7 @@ async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: i
                      "tbt_ms": round(statistics.median(s["tbt"]) * 1e3, 3),
                      "requests": len(s["ttft"])}
     out["endpoint"]["cpu_ms_per_1000_tokens"] = round(cpu / tokens * 1e6, 1)
-    for path in ("proxy", "endpoint"):
+    for path in ("proxy", "go_proxy", "endpoint"):
         for key in ("ttft", "tbt"):
             out[path][f"{key}_added"], out[path][f"{key}_added_ci95"] = _added(
                 by_round, path, "router", key)
@@ -168,7 +171,28 @@ async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: i
     return out
 
 
+def go_proxy() -> Path:
+    """The Go pass-through proxy, built once per version of its source into the cache the
+    project's other Go builds use (outside the tree)."""
+    source = REPO / "benchmarks" / "passthrough_proxy.go"
+    cache = Path(os.environ.get("LONGCTX_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longctx")
+    binary = cache / f"passthrough-proxy-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
+    if not binary.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(["go", "build", "-o", f"{binary}.tmp", str(source)], check=True,
+                           env={**os.environ, "CGO_ENABLED": "0"})
+        except FileNotFoundError:
+            raise SystemExit("go is not on PATH: install Go >= 1.22 (the control plane's "
+                             "toolchain, tools/build-control-plane.sh) to build "
+                             "benchmarks/passthrough_proxy.go")
+        os.replace(f"{binary}.tmp", binary)
+    return binary
+
+
 async def run(rounds: int, logdir: Path) -> dict:
+    go_binary = go_proxy()
     env_dir = engine_env()
     spec, model_dir = spec_for(tiny_models(env_dir) / "dense")
     procs = {role: launch(env_dir, spec, model_dir, role, logdir) for role in PORTS}
@@ -197,8 +221,12 @@ async def run(rounds: int, logdir: Path) -> dict:
             str(PROXY_PORT), router], logdir / "proxy.log")
         proxy = f"http://{HOST}:{PROXY_PORT}"
         await wait_ready(f"{proxy}/health", procs["proxy"], "the pass-through proxy")
+        procs["go_proxy"] = start([str(go_binary), str(GO_PROXY_PORT), router],
+                                  logdir / "go-proxy.log")
+        go = f"http://{HOST}:{GO_PROXY_PORT}"
+        await wait_ready(f"{go}/health", procs["go_proxy"], "the Go pass-through proxy")
         model = spec.model.servedName
-        urls = {"router": router, "proxy": proxy, "endpoint": endpoint}
+        urls = {"router": router, "go_proxy": go, "proxy": proxy, "endpoint": endpoint}
         # One warm-up round each way: the first NIXL handshake, the first compiled shapes.
         await measure(urls, model, 1, procs["endpoint"].pid)
         load_before = os.getloadavg()[0]

@@ -137,9 +137,9 @@ def endpoint_outcome(f: dict[str, Any]) -> str:
 
 
 def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
-    """Latency straight through vllm-router, through a pass-through proxy on the endpoint's
-    stack (the physical baseline: one more hop, no work) and through the endpoint, side by
-    side, and what each adds (benchmarks/endpoint_overhead.py): the median over rounds of
+    """Latency straight through vllm-router, through pass-through proxies in Go and on the
+    endpoint's stack (the physical baselines: one more hop, no work) and through the
+    endpoint, side by side, and what each adds (benchmarks/endpoint_overhead.py): the median over rounds of
     each round's ratio, with its 95% confidence interval where the run recorded one."""
     (cases,) = sources.values()
     lines = [row("run", "path", "TTFT (median)", "time between tokens (median)",
@@ -159,13 +159,15 @@ def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
             run += f", load average {f['load_average'][0]} to {f['load_average'][1]}"
         lines.append(row(run, "straight through vllm-router",
                          f"{router['ttft_ms']:.1f} ms", f"{router['tbt_ms']:.2f} ms", "-", "-"))
-        proxy = f.get("proxy")
-        if proxy:
-            lines.append(row("", "through a pass-through proxy (aiohttp on uvloop: one more "
-                             "hop, no work)", f"{proxy['ttft_ms']:.1f} ms",
-                             f"{proxy['tbt_ms']:.2f} ms",
-                             f"TTFT {added(proxy, 'ttft')}, between tokens "
-                             f"{added(proxy, 'tbt')}", "-"))
+        for key, path in (("go_proxy", "through a pass-through proxy in Go (net/http: one "
+                                       "more hop, no work, compiled)"),
+                          ("proxy", "through a pass-through proxy on the endpoint's stack "
+                                    "(aiohttp on uvloop: one more hop, no work)")):
+            if key in f:
+                lines.append(row("", path, f"{f[key]['ttft_ms']:.1f} ms",
+                                 f"{f[key]['tbt_ms']:.2f} ms",
+                                 f"TTFT {added(f[key], 'ttft')}, between tokens "
+                                 f"{added(f[key], 'tbt')}", "-"))
         verdict = ("held" if max(endpoint["ttft_added"], endpoint["tbt_added"])
                    <= f["max_added"] else "exceeded")
         said = (f"TTFT {added(endpoint, 'ttft')}, between tokens {added(endpoint, 'tbt')}; "

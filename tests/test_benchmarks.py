@@ -29,8 +29,9 @@ NOT_IN_CI = {
 RUN_HERE = ("performance_model.py", "topk_threshold_replay.py", "operator_scale.py",
             "rollout.py", "cpu_costs.py", "cpu_engine_processes.py", "endpoint_overhead.py")
 RUN_ELSEWHERE = {"sass_report.py": "tests/kernels/test_sass_report.py",
-                 # the physical baseline endpoint_overhead.py starts (test_endpoint_overhead)
-                 "passthrough_proxy.py": "benchmarks/endpoint_overhead.py"}
+                 # the physical baselines endpoint_overhead.py starts (test_endpoint_overhead)
+                 "passthrough_proxy.py": "benchmarks/endpoint_overhead.py",
+                 "passthrough_proxy.go": "benchmarks/endpoint_overhead.py"}
 
 
 def run(script: str, *args: str, timeout: float, env: dict[str, str] | None = None) -> str:
@@ -46,7 +47,7 @@ def run(script: str, *args: str, timeout: float, env: dict[str, str] | None = No
 
 
 def test_every_benchmark_runs_here_or_says_why_it_cannot():
-    shipped = {p.name for p in BENCHMARKS.glob("*.py")}
+    shipped = {p.name for p in BENCHMARKS.iterdir() if p.suffix in (".py", ".go")}
     classes = [set(RUN_HERE), set(RUN_ELSEWHERE), set(NOT_IN_CI)]
     assert sum(map(len, classes)) == len(set().union(*classes)), "classified twice"
     assert shipped == set().union(*classes), (
@@ -118,12 +119,12 @@ def test_cpu_engine_processes():
 
 @pytest.mark.engine_env
 def test_endpoint_overhead(tmp_path):
-    """Two rounds, the three paths measured and the endpoint's CPU counted (the 2% goal is judged
+    """Two rounds, the four paths measured and the endpoint's CPU counted (the 2% goal is judged
     by the full run, whose table docs/data-path.md shows: two rounds are too few to)."""
     out = run("endpoint_overhead.py", "--rounds", "2", "--max-added", "10", timeout=600,
               env={"LONGCTX_FIGURES_RUN": str(tmp_path)})
     figures, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
-    for path in ("router", "proxy", "endpoint"):
+    for path in ("router", "go_proxy", "proxy", "endpoint"):
         assert figures[path]["ttft_ms"] > 0 and figures[path]["tbt_ms"] > 0, figures
         assert figures[path]["requests"] == 4, figures
     assert figures["endpoint"]["cpu_ms_per_1000_tokens"] > 0, figures
