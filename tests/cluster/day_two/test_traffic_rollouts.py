@@ -34,7 +34,7 @@ import pytest
 
 from longctx_core import contract
 from longctx_core.plan import faults, roles
-from longctx_operator.controller import data_path
+from longctx_operator.controller import data_path, desire
 from tests.cluster.day_two.deployment import DRAIN_SECONDS, Figures, is_ready
 from tests.cluster.day_two.test_prefix_reuse import via_router
 from tests.cluster.real_engines import (ENDPOINT_IMAGE_NEXT, ENGINE_IMAGE_NEXT,
@@ -350,6 +350,10 @@ def operator_upgrade() -> Any:
         patch.setattr(faults, "VLLM_DEFAULT_LEASE_SECONDS",
                       faults.VLLM_DEFAULT_LEASE_SECONDS + 15)
         roles._priced.cache_clear()
+        # The next build is a new process, which holds no plan the old one made: from now
+        # on the operator plans into an empty memory of plans (desire.SpecPlans).
+        fresh, of = desire.SpecPlans(), desire.SpecPlans.of
+        patch.setattr(desire.SpecPlans, "of", lambda _old, cr, nodes: of(fresh, cr, nodes))
     yield upgrade
     patch.undo()
     roles._priced.cache_clear()
