@@ -8,7 +8,7 @@ language.
 
 A prefill engine and a decode engine, each launched as the operator renders
 examples/tiny-mla-cpu.yaml (benchmarks/cpu_costs.py's launcher), vllm-router in P/D mode in
-front of them, and the endpoint and the proxy in front of the router, all on 127.0.0.1.
+front of them, and the endpoint and both proxies in front of the router, all on 127.0.0.1.
 Rounds take the paths in turn (which goes first rotates), after a warm-up round each way that
 is not counted; in each, CONCURRENCY streamed greedy chat requests run at once, each prompt
 its own (no prefix cache hit) and of the same length. What a path adds is each round's median
@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "core"), str(REPO / "operator")]
 
 from benchmarks.cpu_costs import HOST, PORTS, launch, spec_for, wait_healthy, words  # noqa: E402
+from tests.cluster.engine_smoke import CACHE  # noqa: E402
 from tests.cluster.real_engines import engine_env, tiny_models  # noqa: E402
 from tests.figures import Figures  # noqa: E402
 
@@ -173,19 +174,17 @@ async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: i
 
 def go_proxy() -> Path:
     """The Go pass-through proxy, built once per version of its source into the cache the
-    project's other Go builds use (outside the tree)."""
+    project's other builds use (outside the tree)."""
     source = REPO / "benchmarks" / "passthrough_proxy.go"
-    cache = Path(os.environ.get("LONGCTX_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longctx")
-    binary = cache / f"passthrough-proxy-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
+    binary = CACHE / f"passthrough-proxy-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
     if not binary.exists():
-        cache.mkdir(parents=True, exist_ok=True)
+        CACHE.mkdir(parents=True, exist_ok=True)
         try:
             subprocess.run(["go", "build", "-o", f"{binary}.tmp", str(source)], check=True,
                            env={**os.environ, "CGO_ENABLED": "0"})
         except FileNotFoundError:
-            raise SystemExit("go is not on PATH: install Go >= 1.22 (the control plane's "
-                             "toolchain, tools/build-control-plane.sh) to build "
+            raise SystemExit("go is not on PATH: install Go >= 1.26 (the control plane's "
+                             "toolchain, README: requirements) to build "
                              "benchmarks/passthrough_proxy.go")
         os.replace(f"{binary}.tmp", binary)
     return binary
@@ -209,24 +208,25 @@ async def run(rounds: int, logdir: Path) -> dict:
             logdir / "router.log")
         router = f"http://{HOST}:{ROUTER_PORT}"
         await wait_ready(f"{router}/readiness", procs["router"], "vllm-router")
-        procs["endpoint"] = start([
-            str(env_dir / "bin" / "python"), "-m", "longctx_endpoint.cli", "--host", HOST,
-            "--port", str(ENDPOINT_PORT), "--router-url", router],
-            logdir / "endpoint.log",
+        urls = {"router": router}
+
+        async def relay(path: str, port: int, argv: list[str], what: str,
+                        env: dict[str, str] | None = None) -> None:
+            """Starts a relay in front of the router, on `port`, and waits for its /health."""
+            procs[path] = start(argv, logdir / f"{path}.log", env)
+            urls[path] = f"http://{HOST}:{port}"
+            await wait_ready(f"{urls[path]}/health", procs[path], what)
+        python = str(env_dir / "bin" / "python")
+        await relay("go_proxy", GO_PROXY_PORT, [str(go_binary), str(GO_PROXY_PORT), router],
+                    "the Go pass-through proxy")
+        await relay("proxy", PROXY_PORT, [
+            python, str(REPO / "benchmarks" / "passthrough_proxy.py"), str(PROXY_PORT), router],
+            "the pass-through proxy")
+        await relay("endpoint", ENDPOINT_PORT, [
+            python, "-m", "longctx_endpoint.cli", "--host", HOST, "--port", str(ENDPOINT_PORT),
+            "--router-url", router], "the endpoint",
             env={**os.environ, "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"})
-        endpoint = f"http://{HOST}:{ENDPOINT_PORT}"
-        await wait_ready(f"{endpoint}/health", procs["endpoint"], "the endpoint")
-        procs["proxy"] = start([
-            str(env_dir / "bin" / "python"), str(REPO / "benchmarks" / "passthrough_proxy.py"),
-            str(PROXY_PORT), router], logdir / "proxy.log")
-        proxy = f"http://{HOST}:{PROXY_PORT}"
-        await wait_ready(f"{proxy}/health", procs["proxy"], "the pass-through proxy")
-        procs["go_proxy"] = start([str(go_binary), str(GO_PROXY_PORT), router],
-                                  logdir / "go-proxy.log")
-        go = f"http://{HOST}:{GO_PROXY_PORT}"
-        await wait_ready(f"{go}/health", procs["go_proxy"], "the Go pass-through proxy")
         model = spec.model.servedName
-        urls = {"router": router, "go_proxy": go, "proxy": proxy, "endpoint": endpoint}
         # One warm-up round each way: the first NIXL handshake, the first compiled shapes.
         await measure(urls, model, 1, procs["endpoint"].pid)
         load_before = os.getloadavg()[0]

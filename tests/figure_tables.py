@@ -139,8 +139,9 @@ def endpoint_outcome(f: dict[str, Any]) -> str:
 def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
     """Latency straight through vllm-router, through pass-through proxies in Go and on the
     endpoint's stack (the physical baselines: one more hop, no work) and through the
-    endpoint, side by side, and what each adds (benchmarks/endpoint_overhead.py): the median over rounds of
-    each round's ratio, with its 95% confidence interval where the run recorded one."""
+    endpoint, side by side, and what each adds (benchmarks/endpoint_overhead.py): the
+    median over rounds of each round's ratio, with its 95% confidence interval where the
+    run recorded one."""
     (cases,) = sources.values()
     lines = [row("run", "path", "TTFT (median)", "time between tokens (median)",
                  "added", "endpoint CPU per 1,000 tokens"),
