@@ -1,6 +1,6 @@
 """What the client-facing endpoint (longctx-endpoint) adds on the hot path, on the CPU example:
 time to first token and time between tokens through the endpoint against straight through
-vllm-router, side by side in one run, and the endpoint's CPU time per 1,000 tokens it relays;
+vllm-router, side by side in one run, and each relay's CPU time per 1,000 tokens it relays;
 beside them, the physical baselines of one more HTTP hop before any work of the endpoint's
 own: a pass-through proxy on the endpoint's stack (benchmarks/passthrough_proxy.py) and one
 in Go's net/http (benchmarks/passthrough_proxy.go), what the hop costs in a compiled
@@ -14,9 +14,9 @@ is not counted; in each, CONCURRENCY streamed greedy chat requests run at once, 
 its own (no prefix cache hit) and of the same length. What a path adds is each round's median
 through it against the router's in the same round, a ratio a round; the figure is the median
 of those ratios, with its 95% confidence interval: the engines share the machine's cores
-with everything else on it, and a round's ratio spreads by more than the 2% judged. The
-endpoint's CPU is its process's user + system time over the rounds (it is idle while the
-other paths run). The figures go to build/figures/<run>/endpoint-overhead.json; `make
+with everything else on it, and a round's ratio spreads by more than the 2% judged. A
+relay's CPU is its process's user + system time over the rounds (it is idle while the other
+paths run). The figures go to build/figures/<run>/endpoint-overhead.json; `make
 figures` renders docs/data-path.md's table. Exits 1 when the endpoint adds more than
 MAX_ADDED to either latency.
 
@@ -131,15 +131,19 @@ def _added(by_round: dict[str, dict[str, list[float]]], path: str, base: str, ke
     return round(statistics.median(added), 4), [round(x, 4) for x in median_interval(added)]
 
 
-async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: int) -> dict:
+async def measure(urls: dict[str, str], model: str, rounds: int, relays: dict[str, int]
+                  ) -> dict:
     """Rounds take the paths in turn, the first one rotating from round to round. What a
     path adds is judged round by round: each round's median TTFT and median time between
     tokens through it against the router's in the same round, so that a slower stretch of
-    the shared machine weighs on every side alike."""
-    samples: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "tbt": []} for p in urls}
+    the shared machine weighs on every side alike. `relays`: the process of each path in
+    front of the router, whose CPU time per token it relayed is counted (each is idle
+    while the other paths run)."""
+    samples: dict[str, dict[str, list[float]]] = {
+        p: {"ttft": [], "tbt": [], "ttft_first": [], "ttft_last": []} for p in urls}
     by_round: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "tbt": []} for p in urls}
-    tokens = 0
-    cpu_before = cpu_seconds(endpoint_pid)
+    tokens = dict.fromkeys(relays, 0)
+    cpu_before = {path: cpu_seconds(pid) for path, pid in relays.items()}
     seed = 5000
     paths = list(urls)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as client:
@@ -152,17 +156,24 @@ async def measure(urls: dict[str, str], model: str, rounds: int, endpoint_pid: i
                 gaps = [gap for _, answer_gaps, _ in results for gap in answer_gaps]
                 samples[path]["ttft"] += ttfts
                 samples[path]["tbt"] += gaps
+                samples[path]["ttft_first"].append(min(ttfts))
+                samples[path]["ttft_last"].append(max(ttfts))
                 by_round[path]["ttft"].append(statistics.median(ttfts))
                 by_round[path]["tbt"].append(statistics.median(gaps))
-                tokens += sum(n for _, _, n in results) if path == "endpoint" else 0
-    cpu = cpu_seconds(endpoint_pid) - cpu_before
+                if path in tokens:
+                    tokens[path] += sum(n for _, _, n in results)
     out: dict = {"rounds": rounds}
     for path, s in samples.items():
         out[path] = {"ttft_ms": round(statistics.median(s["ttft"]) * 1e3, 2),
                      "tbt_ms": round(statistics.median(s["tbt"]) * 1e3, 3),
-                     "requests": len(s["ttft"])}
-    out["endpoint"]["cpu_ms_per_1000_tokens"] = round(cpu / tokens * 1e6, 1)
-    for path in ("proxy", "go_proxy", "endpoint"):
+                     "requests": len(s["ttft"]),
+                     # A round's first and last first token: whether a relay delays every
+                     # answer's, or only the one computed while the others' tokens flow.
+                     "ttft_first_ms": round(statistics.median(s["ttft_first"]) * 1e3, 2),
+                     "ttft_last_ms": round(statistics.median(s["ttft_last"]) * 1e3, 2)}
+    for path, pid in relays.items():
+        out[path]["cpu_ms_per_1000_tokens"] = round(
+            (cpu_seconds(pid) - cpu_before[path]) / tokens[path] * 1e6, 1)
         for key in ("ttft", "tbt"):
             out[path][f"{key}_added"], out[path][f"{key}_added_ci95"] = _added(
                 by_round, path, "router", key)
@@ -228,9 +239,10 @@ async def run(rounds: int, logdir: Path) -> dict:
             env={**os.environ, "PYTHONPATH": f"{REPO / 'core'}:{REPO / 'operator'}"})
         model = spec.model.servedName
         # One warm-up round each way: the first NIXL handshake, the first compiled shapes.
-        await measure(urls, model, 1, procs["endpoint"].pid)
+        relays = {path: procs[path].pid for path in urls if path != "router"}
+        await measure(urls, model, 1, relays)
         load_before = os.getloadavg()[0]
-        figures = await measure(urls, model, rounds, procs["endpoint"].pid)
+        figures = await measure(urls, model, rounds, relays)
         # Other work on the machine shows here (the engines alone keep it near 2).
         return {**figures, "load_average": [round(load_before, 2),
                                             round(os.getloadavg()[0], 2)]}

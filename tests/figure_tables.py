@@ -139,18 +139,28 @@ def endpoint_outcome(f: dict[str, Any]) -> str:
 def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
     """Latency straight through vllm-router, through pass-through proxies in Go and on the
     endpoint's stack (the physical baselines: one more hop, no work) and through the
-    endpoint, side by side, and what each adds (benchmarks/endpoint_overhead.py): the
-    median over rounds of each round's ratio, with its 95% confidence interval where the
-    run recorded one."""
+    endpoint, side by side, with what each adds and each relay's CPU
+    (benchmarks/endpoint_overhead.py): the median over rounds of each round's ratio, with its
+    95% confidence interval where the run recorded one."""
     (cases,) = sources.values()
-    lines = [row("run", "path", "TTFT (median)", "time between tokens (median)",
-                 "added", "endpoint CPU per 1,000 tokens"),
+    lines = [row("run", "path", "TTFT (median; a round's first and last)",
+                 "time between tokens (median)",
+                 "added", "its CPU per 1,000 tokens"),
              row("---", "---", "---:", "---:", "---", "---:")]
 
     def added(f: dict[str, Any], key: str, suffix: str = "added") -> str:
         ci = f.get(f"{key}_{suffix}_ci95")
         return f"{f[f'{key}_{suffix}']:+.1%}" + (f" (95% CI {ci[0]:+.1%} to {ci[1]:+.1%})"
                                                  if ci else "")
+
+    def ttft(f: dict[str, Any]) -> str:
+        out = f"{f['ttft_ms']:.1f} ms"
+        if "ttft_first_ms" in f:
+            out += f" ({f['ttft_first_ms']:.1f}; {f['ttft_last_ms']:.1f})"
+        return out
+
+    def cpu(f: dict[str, Any]) -> str:
+        return f"{f['cpu_ms_per_1000_tokens']:.0f} ms" if "cpu_ms_per_1000_tokens" in f else "-"
     for case, f in cases.items():
         router, endpoint = f["router"], f["endpoint"]
         run = cell(case)
@@ -159,16 +169,16 @@ def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
         if "load_average" in f:
             run += f", load average {f['load_average'][0]} to {f['load_average'][1]}"
         lines.append(row(run, "straight through vllm-router",
-                         f"{router['ttft_ms']:.1f} ms", f"{router['tbt_ms']:.2f} ms", "-", "-"))
+                         ttft(router), f"{router['tbt_ms']:.2f} ms", "-", "-"))
         for key, path in (("go_proxy", "through a pass-through proxy in Go (net/http: one "
                                        "more hop, no work, compiled)"),
                           ("proxy", "through a pass-through proxy on the endpoint's stack "
                                     "(aiohttp on uvloop: one more hop, no work)")):
             if key in f:
-                lines.append(row("", path, f"{f[key]['ttft_ms']:.1f} ms",
+                lines.append(row("", path, ttft(f[key]),
                                  f"{f[key]['tbt_ms']:.2f} ms",
                                  f"TTFT {added(f[key], 'ttft')}, between tokens "
-                                 f"{added(f[key], 'tbt')}", "-"))
+                                 f"{added(f[key], 'tbt')}", cpu(f[key])))
         verdict = ("held" if max(endpoint["ttft_added"], endpoint["tbt_added"])
                    <= f["max_added"] else "exceeded")
         said = (f"TTFT {added(endpoint, 'ttft')}, between tokens {added(endpoint, 'tbt')}; "
@@ -176,9 +186,8 @@ def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
         if "ttft_over_proxy" in endpoint:
             said += (f"; over the proxy: TTFT {added(endpoint, 'ttft', 'over_proxy')}, "
                      f"between tokens {added(endpoint, 'tbt', 'over_proxy')}")
-        lines.append(row("", "through the endpoint", f"{endpoint['ttft_ms']:.1f} ms",
-                         f"{endpoint['tbt_ms']:.2f} ms", said,
-                         f"{endpoint['cpu_ms_per_1000_tokens']:.0f} ms"))
+        lines.append(row("", "through the endpoint", ttft(endpoint),
+                         f"{endpoint['tbt_ms']:.2f} ms", said, cpu(endpoint)))
     return lines
 
 

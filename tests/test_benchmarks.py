@@ -119,13 +119,17 @@ def test_cpu_engine_processes():
 
 @pytest.mark.engine_env
 def test_endpoint_overhead(tmp_path):
-    """Two rounds, the four paths measured and the endpoint's CPU counted (the 2% goal is judged
+    """Two rounds, the four paths measured and each relay's CPU counted (the 2% goal is judged
     by the full run, whose table docs/data-path.md shows: two rounds are too few to)."""
     out = run("endpoint_overhead.py", "--rounds", "2", "--max-added", "10", timeout=600,
               env={"LONGCTX_FIGURES_RUN": str(tmp_path)})
     figures, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
     for path in ("router", "go_proxy", "proxy", "endpoint"):
         assert figures[path]["ttft_ms"] > 0 and figures[path]["tbt_ms"] > 0, figures
+        assert figures[path]["ttft_first_ms"] <= figures[path]["ttft_last_ms"], figures
         assert figures[path]["requests"] == 4, figures
+    # Two rounds' CPU is a few of the kernel's 10 ms ticks: a compiled relay may show none.
+    for path in ("go_proxy", "proxy"):
+        assert figures[path]["cpu_ms_per_1000_tokens"] >= 0, figures
     assert figures["endpoint"]["cpu_ms_per_1000_tokens"] > 0, figures
     assert "ttft_over_proxy" in figures["endpoint"], figures
