@@ -154,13 +154,10 @@ def endpoint_overhead(sources: dict[str, Cases]) -> list[str]:
                                                  if ci else "")
 
     def ttft(f: dict[str, Any]) -> str:
-        out = f"{f['ttft_ms']:.1f} ms"
-        if "ttft_first_ms" in f:
-            out += f" ({f['ttft_first_ms']:.1f}; {f['ttft_last_ms']:.1f})"
-        return out
+        return f"{f['ttft_ms']:.1f} ms ({f['ttft_first_ms']:.1f}; {f['ttft_last_ms']:.1f})"
 
     def cpu(f: dict[str, Any]) -> str:
-        return f"{f['cpu_ms_per_1000_tokens']:.0f} ms" if "cpu_ms_per_1000_tokens" in f else "-"
+        return f"{f['cpu_ms_per_1000_tokens']:.0f} ms"
     for case, f in cases.items():
         router, endpoint = f["router"], f["endpoint"]
         run = cell(case)
